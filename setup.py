@@ -1,0 +1,48 @@
+"""tfdist: distributed TensorFlow/Keras 3 training for unequal workers."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="tfdist",
+    version="0.1.0",
+    description=(
+        "Parameter-server, SyncReplicas, SSP/DTSSP strategies, straggler "
+        "detection, queue input pipelines and a federated simulator for Keras 3."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["tfdist", "tfdist.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "keras>=3.15,<3.16",
+        "tensorflow-datasets>=4.9",
+        "numpy>=1.26",
+        "grpcio>=1.60",
+        "absl-py>=2.0",
+        "pyyaml>=6.0",
+        # Offline fallback dataset (bundled handwritten digits) for examples.
+        "scikit-learn>=1.4",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "ipykernel>=6.29",
+            "matplotlib>=3.8",
+        ],
+        "bench": ["tf-keras>=2.21,<2.22", "psutil>=5.9"],
+    },
+    entry_points={
+        "console_scripts": [
+            "tfdist-launch=tfdist.cluster.launch:main",
+        ]
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "License :: OSI Approved :: Apache Software License",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

@@ -1,0 +1,40 @@
+"""tfdist: distributed Keras 3 training for workers that are not equal.
+
+Public names are imported lazily so that processes which need no TensorFlow
+(a parameter server, the launcher) start fast and small.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "ParameterServerStrategy": "tfdist.strategies.parameter_server",
+    "JobConfig": "tfdist.config",
+    "ClusterConfig": "tfdist.config",
+    "load_config": "tfdist.config",
+    "errors": "tfdist.errors",
+    "data": "tfdist.data",
+    "federated": "tfdist.federated",
+    "testing": "tfdist.testing",
+    "ps": "tfdist.ps",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
+    module = importlib.import_module(module_name)
+    value = module if module_name.endswith("." + name) else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

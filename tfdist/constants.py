@@ -1,0 +1,21 @@
+"""Names of environment variables and defaults, in one place.
+
+An explicit argument always wins over the environment.
+"""
+
+ENV_TF_CONFIG = "TF_CONFIG"
+#: JSON of the resolved :class:`tfdist.config.JobConfig` (set by the launcher).
+ENV_CONFIG = "TFDIST_CONFIG"
+#: The job's secret token (set by the launcher; never logged).
+ENV_TOKEN = "TFDIST_TOKEN"
+#: Log level for tfdist loggers in launched tasks.
+ENV_LOG_LEVEL = "TFDIST_LOG_LEVEL"
+
+#: gRPC metadata key carrying the job token.
+AUTH_METADATA_KEY = "tfdist-token"
+
+DEFAULT_RPC_TIMEOUT_S = 30.0
+DEFAULT_STARTUP_TIMEOUT_S = 120.0
+DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0

@@ -1,0 +1,69 @@
+"""One picklable exception family for tfdist.
+
+Every error says what is wrong, what was received, and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TfdistError",
+    "ConfigError",
+    "ClusterError",
+    "PSError",
+    "PSUnavailableError",
+    "PSRejectedError",
+    "AuthError",
+    "WireFormatError",
+    "PlacementError",
+    "LaunchError",
+]
+
+
+class TfdistError(Exception):
+    """Base class of every error tfdist raises on purpose."""
+
+
+class ConfigError(TfdistError, ValueError):
+    """A configuration value is malformed or inconsistent.
+
+    The message names the field (dotted path, e.g. ``cluster.ps``), the value
+    received, and what to write instead.
+    """
+
+
+class ClusterError(TfdistError):
+    """The cluster cannot be formed (missing role, wrong task index, ...)."""
+
+
+class PSError(TfdistError):
+    """Base class of parameter-server errors seen by a worker."""
+
+
+class PSUnavailableError(PSError):
+    """A parameter server did not answer within its deadline.
+
+    The message names the address and the timeout setting that expired.
+    """
+
+
+class PSRejectedError(PSError):
+    """A parameter server refused a request (bad variable, dtype, shape, ...).
+
+    The server's values are unchanged when this is raised.
+    """
+
+
+class AuthError(PSError):
+    """The job's secret token was missing or wrong."""
+
+
+class WireFormatError(TfdistError, ValueError):
+    """A message on the wire could not be decoded."""
+
+
+class PlacementError(TfdistError, ValueError):
+    """Variables cannot be placed on the parameter servers as asked."""
+
+
+class LaunchError(TfdistError):
+    """A task of a launched cluster failed or could not be started."""

@@ -1,0 +1,1 @@
+"""tfdist.testing."""
