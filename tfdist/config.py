@@ -1,0 +1,482 @@
+"""Job configuration: YAML file ↔ dataclasses ↔ ``tf.train.ClusterSpec`` ↔ ``TF_CONFIG``.
+
+A config file in ``configs/`` maps one to one onto :class:`JobConfig`::
+
+    name: digits-async
+    cluster:            # a count per job (local launch, free ports) ...
+      ps: 2
+      worker: 2
+    # cluster:          # ... or explicit addresses (one task per machine)
+    #   chief: ["10.0.0.1:2222"]
+    #   worker: ["10.0.0.2:2222"]
+    #   ps: ["10.0.0.3:2222", "10.0.0.4:2222"]
+    strategy: {consistency: async}
+    ps: {placement: round_robin, partition_threshold_bytes: null, rpc_timeout_s: 30}
+    security: {token_env: TFDIST_TOKEN, tls_cert: null, tls_key: null, tls_ca: null}
+    launch: {log_all_tasks: false}
+
+Every value is validated when the dataclass is built; a bad value raises
+:class:`tfdist.errors.ConfigError` naming the field, the value received and
+the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from tfdist import constants
+from tfdist.errors import ConfigError
+
+__all__ = [
+    "ClusterConfig",
+    "StrategyConfig",
+    "PSConfig",
+    "SecurityConfig",
+    "LaunchConfig",
+    "TaskSpec",
+    "JobConfig",
+    "load_config",
+    "parse_task",
+]
+
+#: Jobs a cluster may have, in TF_CONFIG (Kubeflow TFJob) spelling.
+JOB_NAMES = ("chief", "worker", "ps", "evaluator", "input")
+#: Placeholder address for a task whose port the local launcher will choose.
+UNASSIGNED = "127.0.0.1:0"
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def _fail(path: str, value: Any, fix: str) -> ConfigError:
+    return ConfigError(f"Invalid config field `{path}`. Received: {path}={value!r}. {fix}")
+
+
+def _check_address(path: str, address: Any) -> str:
+    if not isinstance(address, str) or ":" not in address:
+        raise _fail(path, address, 'Write each task address as "host:port", e.g. "127.0.0.1:2222".')
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise _fail(path, address, 'Write each task address as "host:port" with a port in 0..65535.')
+    return address
+
+
+@dataclass
+class ClusterConfig:
+    """The tasks of a job, by job name, as lists of ``host:port`` addresses.
+
+    In a YAML file a job may be given as a count (``ps: 2``); its tasks then
+    get the address ``127.0.0.1:0`` and the local launcher picks free ports.
+
+    Attributes:
+        chief: Zero or one chief. The chief trains like a worker and also
+            initialises the parameter servers. Defaults to none (worker 0
+            initialises them).
+        worker: Worker tasks. At least one chief or worker is required.
+        ps: Parameter-server tasks. At least one is required.
+        evaluator: Side-car evaluators (read parameters, never push).
+        input: Shared input-queue tasks (see ``tfdist.data``).
+    """
+
+    chief: list[str] = field(default_factory=list)
+    worker: list[str] = field(default_factory=list)
+    ps: list[str] = field(default_factory=list)
+    evaluator: list[str] = field(default_factory=list)
+    input: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        for job in JOB_NAMES:
+            value = getattr(self, job)
+            if isinstance(value, bool):
+                raise _fail(f"cluster.{job}", value, "Give a task count or a list of addresses.")
+            if isinstance(value, int):
+                if value < 0:
+                    raise _fail(f"cluster.{job}", value, "A task count must be >= 0.")
+                value = [UNASSIGNED] * value
+            elif value is None:
+                value = []
+            elif isinstance(value, (list, tuple)):
+                value = [_check_address(f"cluster.{job}[{i}]", a) for i, a in enumerate(value)]
+            else:
+                raise _fail(f"cluster.{job}", value, "Give a task count or a list of addresses.")
+            setattr(self, job, list(value))
+        if len(self.chief) > 1:
+            raise _fail("cluster.chief", self.chief, "A cluster has at most one chief.")
+        if not self.chief and not self.worker:
+            raise _fail("cluster.worker", self.worker, "Give at least one chief or worker task.")
+        if not self.ps:
+            raise _fail("cluster.ps", self.ps, "Give at least one parameter-server task, e.g. `ps: 1`.")
+
+    # ------------------------------------------------------------------ views
+    def jobs(self) -> dict[str, list[str]]:
+        """Non-empty jobs as ``{job: [address, ...]}`` (TF_CONFIG ``cluster``)."""
+        return {job: list(getattr(self, job)) for job in JOB_NAMES if getattr(self, job)}
+
+    @property
+    def num_workers(self) -> int:
+        """Training tasks: the chief (if any) plus the workers."""
+        return len(self.chief) + len(self.worker)
+
+    def training_tasks(self) -> list[tuple[str, int]]:
+        """``[(job, index), ...]`` of training tasks in worker-id order."""
+        return [("chief", 0)] * len(self.chief) + [("worker", i) for i in range(len(self.worker))]
+
+    def worker_id(self, job: str, index: int) -> int:
+        """The global worker id of a training task (chief is 0 when present)."""
+        try:
+            return self.training_tasks().index((job, index))
+        except ValueError:
+            raise ConfigError(
+                f"Task {job}:{index} is not a training task of this cluster. "
+                f"Training tasks: {self.training_tasks()}."
+            ) from None
+
+    def is_unassigned(self) -> bool:
+        """True if any task still needs a port chosen by the local launcher."""
+        return any(a.endswith(":0") for addrs in self.jobs().values() for a in addrs)
+
+    def is_local(self) -> bool:
+        """True if every task runs on this machine."""
+        return all(a.rpartition(":")[0] in _LOCAL_HOSTS for addrs in self.jobs().values() for a in addrs)
+
+    # ------------------------------------------------------------- conversion
+    def to_cluster_spec(self):
+        """Returns the equivalent ``tf.train.ClusterSpec``."""
+        import tensorflow as tf
+
+        return tf.train.ClusterSpec(self.jobs())
+
+    @classmethod
+    def from_cluster_spec(cls, spec) -> "ClusterConfig":
+        """Builds a config from a ``tf.train.ClusterSpec`` (or its dict)."""
+        jobs = spec.as_dict() if hasattr(spec, "as_dict") else dict(spec)
+        unknown = set(jobs) - set(JOB_NAMES)
+        if unknown:
+            raise ConfigError(
+                f"ClusterSpec has unknown job names {sorted(unknown)}. "
+                f"tfdist understands {list(JOB_NAMES)}."
+            )
+        fixed = {}
+        for job, tasks in jobs.items():
+            if isinstance(tasks, dict):  # sparse ClusterSpec: {index: address}
+                tasks = [tasks[i] for i in sorted(tasks)]
+            fixed[job] = list(tasks)
+        return cls(**fixed)
+
+
+@dataclass
+class StrategyConfig:
+    """How workers exchange parameters.
+
+    Attributes:
+        consistency: ``"async"`` (ASP: push every step, never wait). The
+            consistency family (BSP, SyncReplicas, SSP, DTSSP) plugs in here.
+            Defaults to ``"async"``.
+    """
+
+    consistency: str = "async"
+
+    def __post_init__(self):
+        allowed = ("async",)
+        if self.consistency not in allowed:
+            raise _fail("strategy.consistency", self.consistency, f"Use one of {list(allowed)}.")
+
+
+@dataclass
+class PSConfig:
+    """Parameter-server behaviour.
+
+    Attributes:
+        placement: ``"round_robin"`` (TF1 ``replica_device_setter``: variables
+            in creation order over PS tasks) or ``"greedy"`` (largest first
+            onto the least-loaded task). Defaults to ``"round_robin"``.
+        partition_threshold_bytes: Variables larger than this are split by rows
+            across all PS tasks. Defaults to ``None`` (never split).
+        rpc_timeout_s: Deadline of every worker→PS call. Defaults to 30.
+        startup_timeout_s: How long a worker waits for a PS to answer at start
+            and for the chief to initialise the variables. Defaults to 120.
+        max_message_bytes: Largest message a PS accepts. Defaults to 512 MiB.
+        heartbeat_interval_s: How often workers heart-beat. Defaults to 2.
+        heartbeat_timeout_s: A worker silent this long is not live. Defaults to 30.
+    """
+
+    placement: str = "round_robin"
+    partition_threshold_bytes: int | None = None
+    rpc_timeout_s: float = constants.DEFAULT_RPC_TIMEOUT_S
+    startup_timeout_s: float = constants.DEFAULT_STARTUP_TIMEOUT_S
+    max_message_bytes: int = constants.DEFAULT_MAX_MESSAGE_BYTES
+    heartbeat_interval_s: float = constants.DEFAULT_HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = constants.DEFAULT_HEARTBEAT_TIMEOUT_S
+
+    def __post_init__(self):
+        if self.placement not in ("round_robin", "greedy"):
+            raise _fail("ps.placement", self.placement, 'Use "round_robin" or "greedy".')
+        if self.partition_threshold_bytes is not None and (
+            not isinstance(self.partition_threshold_bytes, int) or self.partition_threshold_bytes <= 0
+        ):
+            raise _fail(
+                "ps.partition_threshold_bytes",
+                self.partition_threshold_bytes,
+                "Give a positive number of bytes, or null to never partition.",
+            )
+        for name in ("rpc_timeout_s", "startup_timeout_s", "heartbeat_interval_s", "heartbeat_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise _fail(f"ps.{name}", value, "Give a positive number of seconds.")
+        if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) or self.max_message_bytes < 1024:
+            raise _fail("ps.max_message_bytes", self.max_message_bytes, "Give a number of bytes >= 1024.")
+
+
+@dataclass
+class SecurityConfig:
+    """Access to the parameter servers.
+
+    Every PS call must carry the job's secret token. The local launcher makes
+    a fresh one per job; for multi-machine jobs put the same token in the
+    environment variable named by ``token_env`` on every machine.
+
+    Attributes:
+        token: The token itself. Prefer ``token_env``: a token in a file ends
+            up in version control. Defaults to ``None``.
+        token_env: Environment variable holding the token. Defaults to
+            ``"TFDIST_TOKEN"``.
+        tls_cert: PEM certificate chain of the PS (enables TLS with ``tls_key``).
+        tls_key: PEM private key of the PS.
+        tls_ca: PEM root certificate workers use to verify the PS.
+    """
+
+    token: str | None = None
+    token_env: str = constants.ENV_TOKEN
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+
+    def __post_init__(self):
+        if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 8):
+            raise ConfigError(
+                "Invalid config field `security.token`: it must be a string of at "
+                "least 8 characters (value not shown). Prefer setting it in the "
+                f"environment variable named by `security.token_env` ({self.token_env})."
+            )
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise _fail(
+                "security.tls_cert",
+                self.tls_cert,
+                "Give both `security.tls_cert` and `security.tls_key`, or neither.",
+            )
+        for name in ("tls_cert", "tls_key", "tls_ca"):
+            path = getattr(self, name)
+            if path is not None and not isinstance(path, str):
+                raise _fail(f"security.{name}", path, "Give a path to a PEM file.")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert or self.tls_ca)
+
+    def resolve_token(self) -> str | None:
+        """The token: explicit value first, then the environment."""
+        return self.token or os.environ.get(self.token_env) or None
+
+    def __repr__(self) -> str:  # never show the token
+        shown = "***" if self.token else None
+        return (
+            f"SecurityConfig(token={shown!r}, token_env={self.token_env!r}, "
+            f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r}, tls_ca={self.tls_ca!r})"
+        )
+
+
+@dataclass
+class LaunchConfig:
+    """Local launcher options.
+
+    Attributes:
+        log_all_tasks: Forward every task's stdout (progress bars) instead of
+            the chief's only. Logs (stderr) of all tasks are always forwarded,
+            prefixed. Defaults to ``False``.
+        log_dir: Where each task's full output is written. Defaults to
+            ``runs/<name>``.
+        job_timeout_s: Stop the whole job after this many seconds. Defaults to
+            ``None`` (no limit).
+        env: Extra environment variables for every task.
+    """
+
+    log_all_tasks: bool = False
+    log_dir: str | None = None
+    job_timeout_s: float | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.job_timeout_s is not None and (not isinstance(self.job_timeout_s, (int, float)) or self.job_timeout_s <= 0):
+            raise _fail("launch.job_timeout_s", self.job_timeout_s, "Give a positive number of seconds or null.")
+        if not isinstance(self.env, dict) or not all(isinstance(k, str) for k in self.env):
+            raise _fail("launch.env", self.env, "Give a mapping of variable names to values.")
+        self.env = {k: str(v) for k, v in self.env.items()}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task of a cluster: ``job`` and ``index``."""
+
+    job: str
+    index: int = 0
+
+    def __post_init__(self):
+        if self.job not in JOB_NAMES:
+            raise ConfigError(f"Unknown task type. Received: job={self.job!r}. Use one of {list(JOB_NAMES)}.")
+        if not isinstance(self.index, int) or self.index < 0:
+            raise ConfigError(f"Task index must be an integer >= 0. Received: index={self.index!r}.")
+
+    def __str__(self) -> str:
+        return f"{self.job}:{self.index}"
+
+
+def parse_task(text: str) -> TaskSpec:
+    """Parses ``"worker:1"`` into a :class:`TaskSpec`."""
+    job, sep, index = str(text).partition(":")
+    if not sep or not index.isdigit():
+        raise ConfigError(f'Write a task as JOB:INDEX, e.g. "worker:1". Received: {text!r}.')
+    return TaskSpec(job, int(index))
+
+
+_SECTIONS = {
+    "cluster": ClusterConfig,
+    "strategy": StrategyConfig,
+    "ps": PSConfig,
+    "security": SecurityConfig,
+    "launch": LaunchConfig,
+}
+
+
+def _build(cls, data: Any, path: str):
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise _fail(path, data, "Write this section as a mapping of fields.")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"Unknown config field `{path}.{unknown[0]}`. Received: {dict(data)!r}. "
+            f"Fields of `{path}` are: {sorted(names)}."
+        )
+    return cls(**dict(data))
+
+
+@dataclass
+class JobConfig:
+    """Everything a tfdist job needs to know, in one object.
+
+    Example:
+
+    >>> cfg = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 2}})
+    >>> cfg.cluster.num_workers
+    2
+    """
+
+    name: str = "tfdist"
+    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(worker=1, ps=1))
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    ps: PSConfig = field(default_factory=PSConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "/\\ "):
+            raise _fail("name", self.name, "Give a short job name without spaces or slashes.")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "JobConfig":
+        """Builds and validates a config from a (YAML/JSON) mapping."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"A config must be a mapping. Received: {type(data).__name__}.")
+        top = {"name"} | set(_SECTIONS)
+        unknown = sorted(set(data) - top)
+        if unknown:
+            raise ConfigError(
+                f"Unknown config field `{unknown[0]}`. Top-level fields are: {sorted(top)}."
+            )
+        kwargs = {key: _build(cls_, data.get(key), key) for key, cls_ in _SECTIONS.items() if key in data}
+        if "name" in data:
+            kwargs["name"] = data["name"]
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain mapping that :meth:`from_dict` turns back into this config."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobConfig":
+        return cls.from_dict(json.loads(text))
+
+    def tf_config(self, task: TaskSpec) -> dict[str, Any]:
+        """The ``TF_CONFIG`` mapping for ``task`` (Kubeflow TFJob format)."""
+        jobs = self.cluster.jobs()
+        if task.job not in jobs or task.index >= len(jobs[task.job]):
+            raise ConfigError(
+                f"Task {task} is not in the cluster. Received: task={task}. "
+                f"The cluster has {({j: len(a) for j, a in jobs.items()})}."
+            )
+        return {"cluster": jobs, "task": {"type": task.job, "index": task.index}}
+
+    @classmethod
+    def from_tf_config(cls, tf_config: str | Mapping[str, Any] | None = None) -> tuple["JobConfig", TaskSpec]:
+        """Reads ``TF_CONFIG`` (the argument, else the environment variable).
+
+        Returns:
+            ``(config, task)``; options other than the cluster keep defaults
+            unless ``TFDIST_CONFIG`` is also set.
+        """
+        if tf_config is None:
+            tf_config = os.environ.get(constants.ENV_TF_CONFIG)
+            if not tf_config:
+                raise ConfigError(
+                    "TF_CONFIG is not set. Set it (Kubeflow TFJob format) or start "
+                    "the job with `python -m tfdist.launch --config FILE script.py`."
+                )
+        if isinstance(tf_config, str):
+            try:
+                tf_config = json.loads(tf_config)
+            except ValueError as e:
+                raise ConfigError(f"TF_CONFIG is not valid JSON: {e}. Received: {tf_config[:200]!r}.") from e
+        if not isinstance(tf_config, Mapping) or "cluster" not in tf_config:
+            raise ConfigError(
+                'TF_CONFIG needs a "cluster" field, e.g. {"cluster": {"worker": [...], '
+                f'"ps": [...]}}, "task": {{"type": "worker", "index": 0}}}}. Received: {tf_config!r}.'
+            )
+        base = os.environ.get(constants.ENV_CONFIG)
+        config = cls.from_json(base) if base else cls()
+        config.cluster = ClusterConfig.from_cluster_spec(tf_config["cluster"])
+        task_info = tf_config.get("task") or {}
+        task = TaskSpec(task_info.get("type", "worker"), int(task_info.get("index", 0)))
+        return config, task
+
+
+def load_config(source: str | os.PathLike | Mapping[str, Any]) -> JobConfig:
+    """Loads a :class:`JobConfig` from a YAML/JSON file path or a mapping.
+
+    Raises:
+        ConfigError: the file is missing, not YAML, or has a bad field.
+    """
+    if isinstance(source, Mapping):
+        return JobConfig.from_dict(source)
+    path = os.fspath(source)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"Cannot read config file {path!r}: {e.strerror}.") from e
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"Config file {path!r} is not valid YAML: {e}") from e
+    try:
+        return JobConfig.from_dict(data or {})
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e

@@ -1,0 +1,97 @@
+"""Runs one parameter-server task: ``python -m tfdist.ps [--task ps:0] [--config FILE] [--port P]``.
+
+Without arguments the task and cluster come from ``TFDIST_CONFIG`` and
+``TF_CONFIG`` (set by ``tfdist.launch``); the token from ``TFDIST_TOKEN``.
+The process stops when every training worker has said it is done, on a
+``Shutdown`` call, or on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from tfdist import constants
+from tfdist.config import JobConfig, TaskSpec, load_config, parse_task
+from tfdist.consistency import make_policy
+from tfdist.errors import ConfigError, TfdistError
+from tfdist.ps.server import PSServer, load_tls_server_credentials
+
+logger = logging.getLogger("tfdist.ps")
+
+
+def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, port: int | None = None) -> PSServer:
+    """Creates (not starts) the PS server for ``task`` of ``config``."""
+    if task.job != "ps":
+        raise ConfigError(f"Task {task} is not a parameter-server task. Received: task={task}. Use --task ps:N.")
+    if task.index >= len(config.cluster.ps):
+        raise ConfigError(f"Task {task} is not in the cluster, which has {len(config.cluster.ps)} ps task(s).")
+    address = config.cluster.ps[task.index]
+    addr_port = address.rpartition(":")[2]
+    if host is None:
+        host = "127.0.0.1" if config.cluster.is_local() else "[::]"
+    token = config.security.resolve_token()
+    if token is None:
+        raise ConfigError(
+            f"No job token for {task}: set the environment variable {config.security.token_env} "
+            "(the same value on every task) or security.token. tfdist.launch sets it for local jobs."
+        )
+    creds = None
+    if config.security.tls_cert:
+        creds = load_tls_server_credentials(config.security.tls_cert, config.security.tls_key)
+    return PSServer(
+        make_policy(config.strategy.consistency),
+        port=int(addr_port) if port is None else port,
+        host=host,
+        token=token,
+        max_message_bytes=config.ps.max_message_bytes,
+        num_workers=config.cluster.num_workers,
+        heartbeat_timeout_s=config.ps.heartbeat_timeout_s,
+        tls_credentials=creds,
+        task_index=task.index,
+    )
+
+
+def serve(config: JobConfig, task: TaskSpec, port: int | None = None) -> int:
+    """Serves until done; returns the process exit code."""
+    server = build_server(config, task, port=port).start()
+
+    def _stop(signum, frame):
+        logger.info("ps:%d got signal %d; stopping", task.index, signum)
+        server.stop(0.5)
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    server.wait()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tfdist.ps", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="job config YAML (default: TFDIST_CONFIG / TF_CONFIG)")
+    parser.add_argument("--task", help="JOB:INDEX of this task, e.g. ps:0 (default: from TF_CONFIG)")
+    parser.add_argument("--port", type=int, help="override the port from the config")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get(constants.ENV_LOG_LEVEL, "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.config:
+            config = load_config(args.config)
+            task = parse_task(args.task or "ps:0")
+        else:
+            config, task = JobConfig.from_tf_config()
+            if args.task:
+                task = parse_task(args.task)
+        return serve(config, task, port=args.port)
+    except TfdistError as e:
+        logger.error("%s", e)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
