@@ -66,6 +66,8 @@ class QueueBase:
     Args:
         capacity: the most elements the queue holds; ``enqueue`` blocks when full.
         dtypes: one dtype (single-tensor elements) or a list (tuples).
+            Defaults to ``None``: structure, dtypes and shapes are taken from
+            the first element enqueued.
         shapes: per-example shapes, one per dtype. Defaults to ``None``: fixed
             by the first element enqueued.
         names: component names; elements are then dicts. Defaults to ``None``.
@@ -75,7 +77,7 @@ class QueueBase:
     def __init__(
         self,
         capacity: int,
-        dtypes: Any,
+        dtypes: Any = None,
         shapes: Any = None,
         names: Sequence[str] | None = None,
         name: str | None = None,
@@ -85,7 +87,19 @@ class QueueBase:
                 f"capacity must be a positive integer. Received: capacity={capacity!r}."
             )
         self._capacity = int(capacity)
-        self._spec = ElementSpec.from_declaration(dtypes, shapes, names)
+        if dtypes is None:
+            if shapes is not None or names is not None:
+                raise ConfigError(
+                    "shapes and names need dtypes. Received: dtypes=None, "
+                    f"shapes={shapes!r}, names={names!r}. Declare dtypes too, or "
+                    "nothing (then the first element sets all three)."
+                )
+            self._spec: ElementSpec | None = None
+        else:
+            self._spec = ElementSpec.from_declaration(dtypes, shapes, names)
+        self._spec_known = threading.Event()
+        if self._spec is not None:
+            self._spec_known.set()
         self._name = name or type(self).__name__
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)
@@ -124,21 +138,50 @@ class QueueBase:
         return self._capacity
 
     @property
-    def element_spec(self) -> ElementSpec:
-        """Names, dtypes and per-example shapes of an element."""
+    def element_spec(self) -> ElementSpec | None:
+        """Names, dtypes and per-example shapes of an element.
+
+        ``None`` while undeclared and nothing was enqueued yet.
+        """
+        return self._spec
+
+    def wait_for_element_spec(self, timeout: float | None = 60.0) -> ElementSpec:
+        """Returns the element spec, waiting for a first element if undeclared.
+
+        Raises:
+            QueueTimeoutError: nothing was enqueued within ``timeout``.
+        """
+        if not self._spec_known.wait(timeout):
+            raise QueueTimeoutError(
+                f"{self._name} was built without dtypes and nothing was enqueued "
+                f"within {timeout} s, so its element structure is unknown. "
+                "Declare dtypes=/shapes= or start the producers first."
+            )
         return self._spec
 
     @property
-    def dtypes(self) -> list:
-        return list(self._spec.dtypes)
+    def dtypes(self) -> list | None:
+        return None if self._spec is None else list(self._spec.dtypes)
 
     @property
-    def shapes(self) -> list:
-        return list(self._spec.shapes)
+    def shapes(self) -> list | None:
+        return None if self._spec is None else list(self._spec.shapes)
 
     @property
     def names(self) -> list | None:
-        return list(self._spec.names) if self._spec.structure == "dict" else None
+        if self._spec is None or self._spec.structure != "dict":
+            return None
+        return list(self._spec.names)
+
+    def _spec_for(self, vals: Any, batched: bool) -> ElementSpec:
+        spec = self._spec
+        if spec is None:
+            with self._lock:
+                if self._spec is None:
+                    self._spec = ElementSpec.infer(vals, batched=batched)
+                    self._spec_known.set()
+                spec = self._spec
+        return spec
 
     def size(self) -> int:
         """Number of elements in the queue now."""
@@ -164,7 +207,8 @@ class QueueBase:
             QueueTimeoutError: no room within ``timeout``.
             ValueError: wrong structure, dtype or shape.
         """
-        arrays = self._spec.convert(self._spec.flatten(vals), batched=False)
+        spec = self._spec_for(vals, batched=False)
+        arrays = spec.convert(spec.flatten(vals), batched=False)
         self._put_rows([arrays], timeout)
 
     def enqueue_many(self, vals: Any, timeout: float | None = None) -> None:
@@ -180,7 +224,8 @@ class QueueBase:
             >>> q.size()
             3
         """
-        comps = self._spec.convert(self._spec.flatten(vals), batched=True)
+        spec = self._spec_for(vals, batched=True)
+        comps = spec.convert(spec.flatten(vals), batched=True)
         n = comps[0].shape[0]
         if any(c.shape[0] != n for c in comps):
             raise ValueError(
@@ -383,6 +428,7 @@ class QueueBase:
         """
         from tfdist.data.dataset import dataset_from_batches
 
+        spec = self.wait_for_element_spec()
         n = 1 if batch_size is None else batch_size
         if not isinstance(n, (int, np.integer)) or n < 1:
             raise ConfigError(
@@ -394,7 +440,7 @@ class QueueBase:
 
         return dataset_from_batches(
             next_batch,
-            self._spec,
+            spec,
             batch_size=batch_size,
             drop_remainder=drop_remainder,
             prefetch=prefetch,
