@@ -5,7 +5,7 @@ This is the only module of ``tfdist.data`` that imports TensorFlow.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import tensorflow as tf
 
@@ -28,20 +28,20 @@ def tensor_specs(spec: ElementSpec, batch_size: int | None, drop_remainder: bool
 
 
 def dataset_from_batches(
-    next_batch: Callable[[], list | None],
+    make_batches: Callable[[], Iterator[list]],
     spec: ElementSpec,
     *,
     batch_size: int | None,
     drop_remainder: bool,
     prefetch: int | None = None,
 ) -> tf.data.Dataset:
-    """Builds a dataset that calls ``next_batch()`` until it returns ``None``.
+    """Builds a dataset over the batches of ``make_batches()``.
 
     Args:
-        next_batch: returns one batch as a list of numpy arrays (components in
-            ``spec`` order), or ``None`` at the end of data; may raise, and the
-            dataset's iterator then raises (tf.data wraps the error, keeping its
-            traceback in the message).
+        make_batches: called once per iteration of the dataset; returns an
+            iterator of batches, each a list of numpy arrays (components in
+            ``spec`` order). It may raise: the dataset's iterator then raises
+            (tf.data wraps the error and keeps its traceback in the message).
         spec: element structure.
         batch_size: leading dimension (``None``: unbatched elements).
         drop_remainder: the leading dimension is exactly ``batch_size``.
@@ -52,10 +52,7 @@ def dataset_from_batches(
     """
 
     def generate():
-        while True:
-            batch = next_batch()
-            if batch is None:
-                return
+        for batch in make_batches():
             yield spec.pack(batch)
 
     ds = tf.data.Dataset.from_generator(

@@ -27,6 +27,12 @@ class FIFOQueue(QueueBase):
         super().__init__(capacity, dtypes, shapes, names, name)
         self._rows: collections.deque = collections.deque()
 
+    def _fresh_copy(self, seed_offset: int) -> "FIFOQueue":
+        spec = self._spec
+        if spec is None:
+            return type(self)(self._capacity, name=self._name)
+        return type(self)(self._capacity, list(spec.dtypes), list(spec.shapes), self.names, self._name)
+
     def _store_len(self) -> int:
         return len(self._rows)
 

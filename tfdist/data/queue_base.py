@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -107,7 +107,15 @@ class QueueBase:
         self._closed = False
         self._cancelled = False
         self._abort_error: BaseException | None = None
+        self._num_enqueued = 0
+        #: Called (without the lock) after elements went in; the shared-queue
+        #: service uses it to wake dequeuers that wait on its own condition.
+        self._on_put: Callable[[], None] | None = None
         _LIVE_QUEUES.add(self)
+
+    def _fresh_copy(self, seed_offset: int) -> "QueueBase":
+        """An empty queue like this one (same spec), for the next epoch."""
+        raise NotImplementedError
 
     # -- storage hooks for subclasses ------------------------------------------
 
@@ -188,6 +196,11 @@ class QueueBase:
         with self._lock:
             return self._store_len()
 
+    @property
+    def num_enqueued(self) -> int:
+        """Elements enqueued since the queue was built."""
+        return self._num_enqueued
+
     def is_closed(self) -> bool:
         with self._lock:
             return self._closed
@@ -242,6 +255,13 @@ class QueueBase:
             )
 
     def _put_rows(self, rows: list, timeout: float | None) -> None:
+        try:
+            self._put_rows_locked(rows, timeout)
+        finally:
+            if self._on_put is not None:
+                self._on_put()  # outside the lock: the hook takes its own
+
+    def _put_rows_locked(self, rows: list, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         done = 0
         with self._lock:
@@ -261,6 +281,7 @@ class QueueBase:
                     chunk = rows[done : done + free]
                     self._store_put(chunk)
                     done += len(chunk)
+                    self._num_enqueued += len(chunk)
                     self._not_empty.notify_all()
                     continue
                 if self._cancelled:
@@ -435,11 +456,17 @@ class QueueBase:
                 f"batch_size must be a positive integer or None. Received: batch_size={batch_size!r}."
             )
 
-        def next_batch():
-            return self._next_batch(n, allow_smaller=not drop_remainder, timeout=timeout, unbatch=batch_size is None)
+        def make_batches():
+            while True:
+                batch = self._next_batch(
+                    n, allow_smaller=not drop_remainder, timeout=timeout, unbatch=batch_size is None
+                )
+                if batch is None:
+                    return
+                yield batch
 
         return dataset_from_batches(
-            next_batch,
+            make_batches,
             spec,
             batch_size=batch_size,
             drop_remainder=drop_remainder,

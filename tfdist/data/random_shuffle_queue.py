@@ -59,6 +59,16 @@ class RandomShuffleQueue(QueueBase):
         self._rng = np.random.default_rng(seed)
         self._rows: list = []
 
+    def _fresh_copy(self, seed_offset: int) -> "RandomShuffleQueue":
+        spec = self._spec
+        seed = None if self._seed is None else self._seed + seed_offset
+        if spec is None:
+            return type(self)(self._capacity, self._min_after_dequeue, seed=seed, name=self._name)
+        return type(self)(
+            self._capacity, self._min_after_dequeue, list(spec.dtypes), list(spec.shapes),
+            self.names, seed=seed, name=self._name,
+        )
+
     @property
     def min_after_dequeue(self) -> int:
         return self._min_after_dequeue
