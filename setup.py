@@ -23,6 +23,8 @@ setup(
         "pyyaml>=6.0",
         # Offline fallback dataset (bundled handwritten digits) for examples.
         "scikit-learn>=1.4",
+        # tensorflow-datasets imports it when downloading but does not declare it.
+        "importlib_resources>=6.0",
     ],
     extras_require={
         "test": [

@@ -331,7 +331,7 @@ class QueueBase:
             QueueTimeoutError: nothing arrived within ``timeout``.
         """
         rows = self._take(1, allow_smaller=False, timeout=timeout)
-        return self._spec.pack(rows[0])
+        return self._spec.pack(rows[0])  # (the spec is set once rows exist)
 
     def dequeue_many(self, n: int, timeout: float | None = None) -> Any:
         """Removes ``n`` elements and returns them stacked along a new axis 0.
@@ -341,7 +341,8 @@ class QueueBase:
                 elements left (none are removed; use :meth:`dequeue_up_to`).
             QueueTimeoutError: ``n`` elements did not arrive within ``timeout``.
         """
-        return self._spec.pack(self._stack(self._take(n, allow_smaller=False, timeout=timeout)))
+        batch = self._stack(self._take(n, allow_smaller=False, timeout=timeout))
+        return self._spec.pack(batch)
 
     def dequeue_up_to(self, n: int, timeout: float | None = None) -> Any:
         """Like :meth:`dequeue_many`, but returns what is left once closed.
@@ -350,7 +351,8 @@ class QueueBase:
         returns between 1 and ``n`` elements, and raises
         :class:`~tfdist.data.QueueClosedError` when none are left.
         """
-        return self._spec.pack(self._stack(self._take(n, allow_smaller=True, timeout=timeout)))
+        batch = self._stack(self._take(n, allow_smaller=True, timeout=timeout))
+        return self._spec.pack(batch)
 
     def _take(self, n: int, allow_smaller: bool, timeout: float | None) -> list:
         if not isinstance(n, (int, np.integer)) or n < 1:

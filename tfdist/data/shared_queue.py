@@ -112,6 +112,11 @@ class SharedQueue:
     def worker(self) -> str:
         return self._worker
 
+    @property
+    def last_epoch(self) -> int:
+        """The last epoch this client saw end (-1 before the first)."""
+        return self._last_epoch
+
     # -- RPC -----------------------------------------------------------------------
 
     def _call(self, method: str, meta: dict, tensors: dict | None = None, timeout: float | None = None):
@@ -194,10 +199,12 @@ class SharedQueue:
         """
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}.")
-        for arrays in self._epoch_batches(int(batch_size)):
+        for arrays in self.batch_arrays(int(batch_size)):
             yield self._spec.pack(arrays)
 
-    def _epoch_batches(self, n: int) -> Iterator[list]:
+    def batch_arrays(self, batch_size: int) -> Iterator[list]:
+        """Like :meth:`batches`, but each batch is a list of arrays in spec order."""
+        n = int(batch_size)
         spec = self.element_spec()
         self._start_heartbeat()
         epoch = None
@@ -259,7 +266,7 @@ class SharedQueue:
         spec = self.element_spec()
         n = int(batch_size)
         return dataset_from_batches(
-            lambda: self._epoch_batches(n),
+            lambda: self.batch_arrays(n),
             spec,
             batch_size=n,
             drop_remainder=False,

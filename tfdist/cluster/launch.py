@@ -1,0 +1,120 @@
+"""``python -m tfdist.launch``: run a job from one config, locally or one task per machine.
+
+Local (every task a subprocess on free 127.0.0.1 ports)::
+
+    python -m tfdist.launch --config configs/local_async.yaml examples/train_digits.py --epochs 5
+
+One task of a multi-machine job (the config lists real addresses; every
+machine runs the same command with its own ``--task`` and the same
+``TFDIST_TOKEN`` in its environment)::
+
+    TFDIST_TOKEN=... python -m tfdist.launch --config configs/multi_machine.yaml --task worker:1 train.py
+
+Exit codes: 0 when every training task exited 0; 1 when a task failed (the
+others are stopped and the failed task is named); 2 for a bad config or
+command line; 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from tfdist import constants
+from tfdist.cluster.local import LocalJob, task_argv, task_environment
+from tfdist.config import load_config, parse_task
+from tfdist.errors import ConfigError, LaunchError, TfdistError
+
+__all__ = ["main"]
+
+logger = logging.getLogger("tfdist.launch")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tfdist.launch",
+        description="Start a tfdist job: every task locally, or one task (--task) of a multi-machine job.",
+    )
+    p.add_argument("--config", required=True, help="job config YAML (see configs/)")
+    p.add_argument("--task", help="run only this task, JOB:INDEX (e.g. worker:1); the multi-machine path")
+    p.add_argument("--log-all", action="store_true", help="show every task's stdout, not only the chief's")
+    p.add_argument("--log-dir", help="directory for per-task logs (default runs/<name>-<time>)")
+    p.add_argument("--timeout", type=float, help="stop the job after this many seconds")
+    p.add_argument("script", nargs="?", help="training script run by chief/worker/evaluator tasks")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return p
+
+
+def _run_one_task(config, task, script, script_args) -> int:
+    if config.cluster.is_unassigned():
+        raise ConfigError(
+            "--task needs every task's real address in cluster (host:port); this config uses counts "
+            "or port 0, which only a local launch can fill in. Write the addresses, e.g. "
+            'worker: ["10.0.0.2:2222", "10.0.0.3:2222"].'
+        )
+    token = config.security.resolve_token()
+    if token is None:
+        raise ConfigError(
+            f"--task needs the job token: set the environment variable {config.security.token_env} "
+            "to the same secret on every machine (or security.token in the config)."
+        )
+    env = task_environment(config, task, token)
+    argv = task_argv(task, script, script_args)
+    logger.info("starting %s: %s", task, " ".join(argv))
+    os.execve(argv[0], argv, env)
+    return 1  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get(constants.ENV_LOG_LEVEL, "INFO"),
+        format="[launch] %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+        if args.log_all:
+            config.launch.log_all_tasks = True
+        if args.script and not os.path.exists(args.script):
+            raise ConfigError(f"Script not found: {args.script!r}.")
+        if args.task:
+            return _run_one_task(config, parse_task(args.task), args.script, args.script_args)
+        if not args.script:
+            raise ConfigError("Give the training script to run, e.g. examples/train_digits.py.")
+        job = LocalJob(config, args.script, args.script_args, log_dir=args.log_dir)
+    except TfdistError as e:
+        print(f"tfdist.launch: {e}", file=sys.stderr)
+        return 2
+    cluster = job.config.cluster
+    logger.info(
+        "job %r: %s; logs in %s",
+        config.name,
+        ", ".join(f"{job_name} x{len(a)}" for job_name, a in cluster.jobs().items()),
+        job.log_dir,
+    )
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        job.start()
+        job.wait()
+    except KeyboardInterrupt:
+        print("tfdist.launch: interrupted; stopping every task", file=sys.stderr)
+        job.stop(grace=3.0)
+        return 130
+    except LaunchError as e:
+        print(f"tfdist.launch: {e}", file=sys.stderr)
+        return 1
+    finally:
+        job.stop()
+    logger.info("job %r finished; logs in %s", config.name, job.log_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

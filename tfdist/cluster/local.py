@@ -1,0 +1,229 @@
+"""A whole job of local processes: ports, environments, start, watch, tear down.
+
+Used by ``python -m tfdist.launch`` and by :class:`tfdist.testing.LocalCluster`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import socket
+import sys
+import time
+from typing import IO, Sequence
+
+from tfdist import constants
+from tfdist.cluster.process import TaskProcess
+from tfdist.config import JOB_NAMES, UNASSIGNED, ClusterConfig, JobConfig, TaskSpec
+from tfdist.errors import LaunchError
+
+__all__ = ["LocalJob", "assign_ports", "task_environment", "free_port"]
+
+logger = logging.getLogger(__name__)
+
+#: Jobs whose tasks end the job when they all finish.
+TRAINING_JOBS = ("chief", "worker")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def assign_ports(config: JobConfig) -> JobConfig:
+    """A copy of ``config`` whose ``127.0.0.1:0`` tasks have distinct free ports."""
+    config = dataclasses.replace(config, cluster=dataclasses.replace(config.cluster))
+    used: set[int] = set()
+    jobs = {}
+    for job in JOB_NAMES:
+        addrs = []
+        for addr in getattr(config.cluster, job):
+            if addr == UNASSIGNED:
+                port = free_port()
+                while port in used:
+                    port = free_port()
+                used.add(port)
+                addr = f"127.0.0.1:{port}"
+            addrs.append(addr)
+        jobs[job] = addrs
+    config.cluster = ClusterConfig(**jobs)
+    return config
+
+
+def task_environment(config: JobConfig, task: TaskSpec, token: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a task runs with: TF_CONFIG, TFDIST_CONFIG, token."""
+    env = dict(os.environ if base is None else base)
+    env.update(config.launch.env)
+    env[constants.ENV_TF_CONFIG] = json.dumps(config.tf_config(task))
+    public = config.to_dict()
+    public["security"]["token"] = None  # the token travels only in its own variable
+    env[constants.ENV_CONFIG] = json.dumps(public)
+    env[config.security.token_env] = token
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def task_argv(task: TaskSpec, script: str | None, script_args: Sequence[str]) -> list[str]:
+    """What a task runs: PS tasks need no user code; the rest run the script."""
+    if task.job == "ps":
+        return [sys.executable, "-m", "tfdist.ps"]
+    if task.job == "input":
+        return [sys.executable, "-m", "tfdist.data.queue_service"]
+    if script is None:
+        raise LaunchError(f"Task {task} needs a script to run, and none was given.")
+    return [sys.executable, script, *script_args]
+
+
+class LocalJob:
+    """Starts every task of ``config`` on this machine and watches them.
+
+    Args:
+        config: The job; tasks at ``127.0.0.1:0`` get free ports.
+        script: The training script run by chief/worker/evaluator tasks.
+        script_args: Its arguments.
+        token: Job token. Defaults to the config's, else a fresh random one.
+        log_dir: Directory for one log file per task. Defaults to
+            ``launch.log_dir`` or ``runs/<name>-<time>``.
+        out: Where forwarded output goes. Defaults to ``sys.stdout``.
+        forward: Forward task output at all (tests turn it off).
+        env: Extra environment per task, ``{"worker:1": {...}}``.
+    """
+
+    def __init__(
+        self,
+        config: JobConfig,
+        script: str | None = None,
+        script_args: Sequence[str] = (),
+        token: str | None = None,
+        log_dir: str | None = None,
+        out: IO[str] | None = None,
+        forward: bool = True,
+        env: dict[str, dict[str, str]] | None = None,
+    ):
+        self.config = assign_ports(config)
+        self.script = script
+        self.script_args = list(script_args)
+        self.token = token or self.config.security.resolve_token() or secrets.token_hex(16)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.log_dir = log_dir or self.config.launch.log_dir or os.path.join("runs", f"{self.config.name}-{stamp}")
+        self.out = out
+        self.forward = forward
+        self.extra_env = env or {}
+        self.tasks: dict[str, TaskProcess] = {}
+
+    # ---------------------------------------------------------------- tasks
+    def all_tasks(self) -> list[TaskSpec]:
+        order = ("ps", "input", "chief", "worker", "evaluator")
+        return [TaskSpec(job, i) for job in order for i in range(len(getattr(self.config.cluster, job)))]
+
+    @property
+    def main_task(self) -> TaskSpec:
+        """The task whose stdout (progress bar) is shown by default."""
+        return TaskSpec("chief", 0) if self.config.cluster.chief else TaskSpec("worker", 0)
+
+    def _make(self, task: TaskSpec) -> TaskProcess:
+        env = task_environment(self.config, task, self.token)
+        env.update(self.extra_env.get(str(task), {}))
+        show_stdout = self.forward and (self.config.launch.log_all_tasks or task == self.main_task)
+        return TaskProcess(
+            task,
+            task_argv(task, self.script, self.script_args),
+            env,
+            log_path=os.path.join(self.log_dir, f"{task.job}-{task.index}.log"),
+            forward_stdout=show_stdout,
+            forward_stderr=self.forward,
+            out=self.out,
+        )
+
+    def start(self, tasks: Sequence[TaskSpec] | None = None) -> "LocalJob":
+        """Starts ``tasks`` (default: all), parameter servers first."""
+        for task in tasks or self.all_tasks():
+            self.start_task(task)
+        return self
+
+    def start_task(self, task: TaskSpec) -> TaskProcess:
+        key = str(task)
+        if key in self.tasks and self.tasks[key].running:
+            raise LaunchError(f"Task {task} is already running (pid {self.tasks[key].pid}).")
+        proc = self._make(task).start()
+        self.tasks[key] = proc
+        return proc
+
+    def kill(self, task: TaskSpec | str) -> None:
+        """SIGKILL one task (a crash)."""
+        self.tasks[str(task)].kill()
+
+    def restart(self, task: TaskSpec | str) -> TaskProcess:
+        """Kills (if running) and starts one task again, same address."""
+        key = str(task)
+        if key in self.tasks:
+            self.tasks[key].kill()
+        return self.start_task(self.tasks[key].task if key in self.tasks else TaskSpec(*key.split(":")))
+
+    # ---------------------------------------------------------------- watch
+    def wait(self, timeout: float | None = None, poll_s: float = 0.1) -> None:
+        """Returns when every training task has exited 0.
+
+        Raises:
+            LaunchError: a task failed (the message names it and shows the
+                last lines of its output) or ``timeout`` passed; every other
+                task has been stopped by then.
+        """
+        timeout = timeout if timeout is not None else self.config.launch.job_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        training = [k for k, p in self.tasks.items() if p.task.job in TRAINING_JOBS]
+        while True:
+            if training and all(self.tasks[k].poll() == 0 for k in training):
+                return
+            for proc in self.tasks.values():
+                code = proc.poll()
+                # A PS exits 0 by itself once every worker said it is done.
+                if code is not None and code != 0:
+                    self._fail(proc)
+            if deadline is not None and time.monotonic() > deadline:
+                running = [k for k, p in self.tasks.items() if p.running]
+                self.stop()
+                raise LaunchError(
+                    f"The job did not finish within {timeout:g} s (setting launch.job_timeout_s); "
+                    f"still running: {running}. Stopped all tasks. Logs: {self.log_dir}"
+                )
+            time.sleep(poll_s)
+
+    def _fail(self, proc: TaskProcess) -> None:
+        what = proc.describe_exit()
+        tail = "\n".join("    " + line for line in list(proc.tail)[-15:])
+        others = [k for k, p in self.tasks.items() if p.running]
+        self.stop()
+        raise LaunchError(
+            f"Task {what}; stopped the other tasks ({', '.join(others) or 'none running'}).\n"
+            f"  Last lines of {proc.task}:\n{tail}\n  Full log: {proc.log_path}"
+        )
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stops every task: workers first, then the servers."""
+        order = {"chief": 0, "worker": 0, "evaluator": 0, "input": 1, "ps": 2}
+        procs = sorted(self.tasks.values(), key=lambda p: order[p.task.job])
+        for p in procs:
+            p.signal(15)  # SIGTERM all at once, then wait
+        for p in procs:
+            p.stop(grace)
+
+    def run(self, timeout: float | None = None) -> None:
+        """Starts everything, waits for the training tasks, stops the rest."""
+        self.start()
+        try:
+            self.wait(timeout)
+        finally:
+            self.stop()
+
+    def __enter__(self) -> "LocalJob":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop(grace=2.0)

@@ -1,0 +1,375 @@
+"""Execution back-ends: train workers and the test worker, in-process or as processes.
+
+The process back-end is the seed paper's layout (Algorithms 2 and 3): a pool
+of train-worker processes that take :class:`ClientTask` s from one queue and
+put results on the main process's inbox, and a test process that evaluates
+the snapshots the main process sends it. Every wait is bounded; a dead or
+failing child stops the run with its traceback and no child outlives
+:meth:`ProcessBackend.close`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from tfdist.federated._model import ModelSpec, evaluate_weights, limit_tf_threads
+from tfdist.federated.client import ClientConfig, ClientTask, ClientUpdate, _output_is_logits
+from tfdist.federated.errors import SimulationTimeoutError, WorkerCrashedError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["WorkerSpec", "ClientOutput", "InlineBackend", "ProcessBackend"]
+
+
+@dataclasses.dataclass
+class WorkerSpec:
+    """Everything a worker needs, sent once when it starts."""
+
+    model: ModelSpec
+    client_update: ClientUpdate
+    client_config: ClientConfig
+    client_data: tuple  # ((x, y), ...) per client
+    test_data: tuple | None  # (x, y)
+    threads: int = 1
+
+
+@dataclasses.dataclass
+class ClientOutput:
+    """What a train worker returns for one task."""
+
+    job_id: int
+    client_id: int
+    weights: list
+    metrics: dict
+    busy_s: float
+    worker: str
+
+
+class _TrainRunner:
+    def __init__(self, spec: WorkerSpec):
+        self.model = spec.model.build()
+        self.update = spec.client_update
+        self.update.setup(self.model, spec.client_config, spec.model.build)
+        self.data = spec.client_data
+
+    def run(self, task: ClientTask, worker: str) -> ClientOutput:
+        start = time.perf_counter()
+        x, y = self.data[task.client_id]
+        weights, metrics = self.update.train(task, x, y)
+        return ClientOutput(task.job_id, task.client_id, weights, metrics, time.perf_counter() - start, worker)
+
+
+class _Evaluator:
+    def __init__(self, spec: WorkerSpec):
+        import tensorflow as tf
+
+        self.model = spec.model.build()
+        self.vars = list(self.model.weights)
+        self.from_logits = (
+            _output_is_logits(self.model) if spec.client_config.from_logits is None else spec.client_config.from_logits
+        )
+        self.x, self.y = spec.test_data
+        model = self.model
+        self.predict = tf.function(
+            lambda xs: model(xs, training=False),
+            input_signature=[tf.TensorSpec([None, *self.x.shape[1:]], tf.as_dtype(self.x.dtype))],
+        )
+
+    def evaluate(self, payload: dict) -> dict:
+        if payload["kind"] == "global":
+            return evaluate_weights(self.predict, self.vars, payload["weights"], self.x, self.y, self.from_logits)
+        per_node = [evaluate_weights(self.predict, self.vars, w, self.x, self.y, self.from_logits) for w in payload["weights"]]
+        honest = payload.get("honest") or [True] * len(per_node)
+        acc = np.array([m["accuracy"] for m in per_node])
+        loss = np.array([m["loss"] for m in per_node])
+        mask = np.asarray(honest, bool)
+        return {
+            "accuracy": float(acc[mask].mean()),
+            "loss": float(loss[mask].mean()),
+            "accuracy_min": float(acc[mask].min()),
+            "accuracy_max": float(acc[mask].max()),
+            "accuracy_all_nodes": float(acc.mean()),
+        }
+
+
+def _parent_alive(parent_pid: int) -> bool:
+    return os.getppid() == parent_pid
+
+
+def _train_worker_main(name, spec, task_q, inbox, parent_pid, poll_s):
+    """Algorithm 2 (train worker): take a client, train it, return the weights."""
+    try:
+        limit_tf_threads(spec.threads)
+        runner = _TrainRunner(spec)
+        inbox.put(("ready", name, None))
+        while True:
+            try:
+                task = task_q.get(timeout=poll_s)
+            except queue.Empty:
+                if not _parent_alive(parent_pid):
+                    return
+                continue
+            if task is None:
+                return
+            inbox.put(("result", name, runner.run(task, name)))
+    except KeyboardInterrupt:
+        return
+    except BaseException:  # noqa: BLE001 - reported to the main process, which stops the run
+        inbox.put(("error", name, traceback.format_exc()))
+        raise SystemExit(1)
+
+
+def _test_worker_main(name, spec, test_q, inbox, parent_pid, poll_s):
+    """Algorithm 3 (test worker): evaluate the snapshots the main process sends."""
+    try:
+        limit_tf_threads(spec.threads)
+        evaluator = _Evaluator(spec)
+        inbox.put(("ready", name, None))
+        while True:
+            try:
+                msg = test_q.get(timeout=poll_s)
+            except queue.Empty:
+                if not _parent_alive(parent_pid):
+                    return
+                continue
+            if msg is None:
+                return
+            eval_id, payload = msg
+            inbox.put(("metrics", name, (eval_id, evaluator.evaluate(payload))))
+    except KeyboardInterrupt:
+        return
+    except BaseException:  # noqa: BLE001
+        inbox.put(("error", name, traceback.format_exc()))
+        raise SystemExit(1)
+
+
+class InlineBackend:
+    """Runs clients and evaluations in the main process (``num_workers=0``).
+
+    Tasks run lazily when their result is asked for, i.e. in simulated-arrival
+    order. Used for debugging and as the sequential reference.
+    """
+
+    num_workers = 0
+
+    def __init__(self, spec: WorkerSpec, evaluate: bool):
+        self._spec = spec
+        self._evaluate = evaluate
+        self._pending: dict[int, ClientTask] = {}
+        self.metrics: dict[int, dict] = {}
+        self.busy_s: dict[str, float] = {"inline": 0.0}
+        self.startup_s = 0.0
+
+    def start(self) -> None:
+        t0 = time.perf_counter()
+        self._runner = _TrainRunner(self._spec)
+        self._evaluator = _Evaluator(self._spec) if self._evaluate else None
+        self.startup_s = time.perf_counter() - t0
+
+    def submit(self, task: ClientTask) -> None:
+        self._pending[task.job_id] = task
+
+    def wait_result(self, job_id: int) -> ClientOutput:
+        out = self._runner.run(self._pending.pop(job_id), "inline")
+        self.busy_s["inline"] += out.busy_s
+        return out
+
+    def submit_eval(self, eval_id: int, payload: dict) -> None:
+        self.metrics[eval_id] = self._evaluator.evaluate(payload)
+
+    def poll(self) -> None:
+        pass
+
+    def finish_evals(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._pending.clear()
+
+
+class ProcessBackend:
+    """A pool of spawned train-worker processes plus a test process.
+
+    Args:
+        spec: what every worker needs.
+        num_workers: train-worker processes (several per core are fine; each
+            runs TF with ``spec.threads`` threads).
+        evaluate: start the test process.
+        start_timeout_s: bound on start-up (spawn + TF import + model build).
+        task_timeout_s: bound on waiting for any one result.
+        poll_s: how often waits wake up to check that the children are alive.
+    """
+
+    def __init__(self, spec: WorkerSpec, num_workers: int, evaluate: bool, start_timeout_s: float = 300.0,
+                 task_timeout_s: float = 300.0, poll_s: float = 0.5):
+        self._spec = spec
+        self.num_workers = num_workers
+        self._evaluate = evaluate
+        self.start_timeout_s = start_timeout_s
+        self.task_timeout_s = task_timeout_s
+        self._poll_s = poll_s
+        self._procs: list = []
+        self._results: dict[int, ClientOutput] = {}
+        self.metrics: dict[int, dict] = {}
+        self._pending_evals = 0
+        self.busy_s: dict[str, float] = {}
+        self._closing = False
+        self.startup_s = 0.0
+
+    # -- life cycle ---------------------------------------------------------
+    def start(self) -> None:
+        t0 = time.perf_counter()
+        ctx = mp.get_context("spawn")
+        self._task_q, self._test_q, self._inbox = ctx.Queue(), ctx.Queue(), ctx.Queue()
+        pid = os.getpid()
+        try:
+            for i in range(self.num_workers):
+                name = f"train-worker-{i}"
+                self.busy_s[name] = 0.0
+                p = ctx.Process(target=_train_worker_main, name=name, daemon=True,
+                                args=(name, self._spec, self._task_q, self._inbox, pid, self._poll_s))
+                p.start()
+                self._procs.append(p)
+            if self._evaluate:
+                p = ctx.Process(target=_test_worker_main, name="test-worker", daemon=True,
+                                args=("test-worker", self._spec, self._test_q, self._inbox, pid, self._poll_s))
+                p.start()
+                self._procs.append(p)
+            ready: set = set()
+            deadline = time.monotonic() + self.start_timeout_s
+            while len(ready) < len(self._procs):
+                if time.monotonic() > deadline:
+                    raise SimulationTimeoutError(
+                        f"Only {len(ready)} of {len(self._procs)} worker processes started within "
+                        f"start_timeout_s={self.start_timeout_s}. Raise start_timeout_s or use fewer workers."
+                    )
+                msg = self._receive(self._poll_s)
+                if msg is not None and msg[0] == "ready":
+                    ready.add(msg[1])
+        except BaseException:
+            self.close()
+            raise
+        self.startup_s = time.perf_counter() - t0
+        logger.info("Started %d train workers%s in %.1f s", self.num_workers,
+                    " and a test worker" if self._evaluate else "", self.startup_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stops every child: sentinel, bounded join, terminate, kill."""
+        if self._closing or not self._procs:
+            self._closing = True
+            return
+        self._closing = True
+        for p in self._procs:
+            try:
+                (self._test_q if p.name == "test-worker" else self._task_q).put(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + timeout_s
+        while any(p.is_alive() for p in self._procs) and time.monotonic() < deadline:
+            try:  # keep draining so no child blocks flushing its last message
+                self._inbox.get(timeout=0.05)
+            except (queue.Empty, OSError, ValueError, EOFError):
+                pass
+        for p in self._procs:
+            if p.is_alive():
+                logger.warning("Terminating %s (pid %s), it did not stop in %.0f s", p.name, p.pid, timeout_s)
+                p.terminate()
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(2.0)
+        for q in (self._task_q, self._test_q, self._inbox):
+            q.cancel_join_thread()
+            q.close()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    # -- messages -----------------------------------------------------------
+    def _receive(self, timeout: float):
+        try:
+            msg = self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            self._check_alive()
+            return None
+        self._handle(msg)
+        return msg
+
+    def _handle(self, msg) -> None:
+        kind, name, body = msg
+        if kind == "result":
+            self._results[body.job_id] = body
+            self.busy_s[name] = self.busy_s.get(name, 0.0) + body.busy_s
+        elif kind == "metrics":
+            eval_id, metrics = body
+            self.metrics[eval_id] = metrics
+            self._pending_evals -= 1
+        elif kind == "error":
+            raise WorkerCrashedError(
+                f"{name} failed; the simulation was stopped. Its traceback:\n{body}", worker=name, remote_traceback=body
+            )
+
+    def _check_alive(self) -> None:
+        for p in self._procs:
+            if p.exitcode is not None and not self._closing:
+                # It may have reported an error just before exiting: read that first.
+                end = time.monotonic() + 2.0
+                while time.monotonic() < end:
+                    try:
+                        self._handle(self._inbox.get(timeout=0.1))
+                    except queue.Empty:
+                        break
+                raise WorkerCrashedError(
+                    f"{p.name} (pid {p.pid}) died with exit code {p.exitcode} without reporting an error "
+                    "(killed, out of memory, or a crash in native code). The simulation was stopped.",
+                    worker=p.name,
+                )
+
+    # -- work ---------------------------------------------------------------
+    def submit(self, task: ClientTask) -> None:
+        self._task_q.put(task)
+
+    def wait_result(self, job_id: int) -> ClientOutput:
+        deadline = time.monotonic() + self.task_timeout_s
+        while job_id not in self._results:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SimulationTimeoutError(
+                    f"No result for client update {job_id} within task_timeout_s={self.task_timeout_s}. "
+                    "Raise task_timeout_s if clients are this slow, or check the workers."
+                )
+            self._receive(min(self._poll_s, remaining))
+        return self._results.pop(job_id)
+
+    def submit_eval(self, eval_id: int, payload: dict) -> None:
+        self._pending_evals += 1
+        self._test_q.put((eval_id, payload))
+
+    def poll(self) -> None:
+        """Reads whatever has arrived without waiting (metrics, errors)."""
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                self._check_alive()
+                return
+            self._handle(msg)
+
+    def finish_evals(self) -> None:
+        deadline = time.monotonic() + self.task_timeout_s
+        while self._pending_evals > 0:
+            if time.monotonic() > deadline:
+                raise SimulationTimeoutError(
+                    f"{self._pending_evals} evaluations did not finish within task_timeout_s={self.task_timeout_s}."
+                )
+            self._receive(self._poll_s)
