@@ -206,6 +206,13 @@ class ElementSpec:
             out.append(arr)
         return out
 
+    def declaration(self) -> tuple:
+        """``(dtypes, shapes, names)`` that :meth:`from_declaration` turns back into this spec."""
+        if self.structure == "single":
+            return self.dtypes[0], self.shapes[0], None
+        names = list(self.names) if self.structure == "dict" else None
+        return list(self.dtypes), list(self.shapes), names
+
     def with_shapes(self, shapes: Sequence[Shape]) -> "ElementSpec":
         return dataclasses.replace(self, shapes=tuple(tuple(s) for s in shapes))
 

@@ -31,7 +31,7 @@ class FIFOQueue(QueueBase):
         spec = self._spec
         if spec is None:
             return type(self)(self._capacity, name=self._name)
-        return type(self)(self._capacity, list(spec.dtypes), list(spec.shapes), self.names, self._name)
+        return type(self)(self._capacity, *spec.declaration(), name=self._name)
 
     def _store_len(self) -> int:
         return len(self._rows)

@@ -65,8 +65,7 @@ class RandomShuffleQueue(QueueBase):
         if spec is None:
             return type(self)(self._capacity, self._min_after_dequeue, seed=seed, name=self._name)
         return type(self)(
-            self._capacity, self._min_after_dequeue, list(spec.dtypes), list(spec.shapes),
-            self.names, seed=seed, name=self._name,
+            self._capacity, self._min_after_dequeue, *spec.declaration(), seed=seed, name=self._name
         )
 
     @property
