@@ -1,0 +1,267 @@
+"""Shared queue across real processes on 127.0.0.1: load balancing, exactly-once
+delivery when a worker dies, end-of-epoch signalling, the standalone service.
+
+Workers are ``python -m tfdist.data.queue_consumer`` processes (no TensorFlow,
+so they start in well under a second); slow workers get an injected per-batch
+delay. Every wait is bounded and every child is killed in teardown.
+"""
+
+import collections
+import json
+import os
+import queue as pyqueue
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from tfdist import constants
+from tfdist.data import (
+    FIFOQueue,
+    RandomShuffleQueue,
+    SharedQueue,
+    SharedQueueServer,
+)
+from tfdist.errors import AuthError
+
+pytestmark = pytest.mark.integration
+
+T = 60.0  # bound of every wait that should succeed
+TOKEN = "test-token-1234"
+
+
+class Child:
+    """A child process whose stdout lines are read by a thread (bounded waits)."""
+
+    def __init__(self, args, env=None):
+        full_env = {**os.environ, constants.ENV_TOKEN: TOKEN, **(env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full_env,
+        )
+        self.lines: pyqueue.Queue = pyqueue.Queue()
+        self.stderr: list[str] = []
+        self.readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.lines.put), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.stderr.append), daemon=True),
+        ]
+        for t in self.readers:
+            t.start()
+
+    @staticmethod
+    def _read(stream, sink):
+        for line in stream:
+            sink(line.rstrip("\n"))
+
+    def wait_line(self, predicate, timeout=T):
+        """Returns the first stdout line matching ``predicate``."""
+        seen = []
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout)
+            except pyqueue.Empty:
+                raise AssertionError(
+                    f"no matching line within {timeout} s; stdout: {seen[-5:]}; "
+                    f"stderr: {self.stderr[-10:]}"
+                ) from None
+            seen.append(line)
+            if predicate(line):
+                return line
+
+    def finish(self, timeout=T):
+        """Waits for exit and for the output to be read; returns the exit code."""
+        rc = self.proc.wait(timeout)
+        for t in self.readers:
+            t.join(timeout)
+        return rc
+
+    def events(self, timeout=T):
+        """Waits for exit; returns the JSON events printed on stdout."""
+        rc = self.finish(timeout)
+        out = []
+        while not self.lines.empty():
+            out.append(self.lines.get_nowait())
+        assert rc == 0, f"exit code {rc}; stderr: {self.stderr[-15:]}"
+        return [json.loads(line) for line in out if line.startswith("{")]
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def children():
+    started = []
+
+    def start(args, env=None):
+        child = Child(args, env)
+        started.append(child)
+        return child
+
+    yield start
+    for child in started:  # even when the test failed
+        child.kill()
+
+
+def consumer(start, address, *extra):
+    return start(["-m", "tfdist.data.queue_consumer", "--address", address, "--report", "id", *extra])
+
+
+def id_producer(n, chunk=10):
+    """Server producer f(epoch): examples with a unique "id" per epoch."""
+
+    def produce(epoch):
+        for lo in range(0, n, chunk):
+            ids = np.arange(lo, min(n, lo + chunk), dtype=np.int64)
+            yield {"x": np.repeat(ids[:, None], 3, 1).astype(np.float32), "id": ids}
+
+    return produce
+
+
+class Audit:
+    """Counts every acknowledged example id per epoch (server's on_ack hook)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.counts = collections.defaultdict(collections.Counter)
+
+    def __call__(self, worker, epoch, arrays):
+        with self.lock:
+            self.counts[epoch].update(int(i) for i in arrays[1])
+
+    def exactly_once(self, epoch, n):
+        counts = self.counts[epoch]
+        return sorted(counts) == list(range(n)) and set(counts.values()) == {1}
+
+
+def served(audit, n, num_epochs=1, worker_timeout_s=10.0, capacity=64):
+    return SharedQueueServer(
+        RandomShuffleQueue(capacity=capacity, min_after_dequeue=8, seed=0),
+        producers=[id_producer(n)],
+        num_epochs=num_epochs,
+        enqueue_many=True,
+        token=TOKEN,
+        worker_timeout_s=worker_timeout_s,
+        on_ack=audit,
+    )
+
+
+def batch_ids(events):
+    return [i for e in events if e["event"] == "batch" for i in e["values"]]
+
+
+def test_a_3x_slower_worker_takes_fewer_batches_and_nothing_is_lost(children):
+    audit = Audit()
+    n = 600
+    with served(audit, n) as server:
+        fast = consumer(children, server.address, "--batch-size", "10", "--delay-s", "0.02", "--worker", "fast")
+        slow = consumer(children, server.address, "--batch-size", "10", "--delay-s", "0.06", "--worker", "slow")
+        fast_events, slow_events = fast.events(), slow.events()
+        stats = server.stats()
+    fast_ids, slow_ids = batch_ids(fast_events), batch_ids(slow_events)
+    assert sorted(fast_ids + slow_ids) == list(range(n))  # each delivered once
+    assert audit.exactly_once(0, n)
+    assert 0 < len(slow_ids) < len(fast_ids)  # pull-based: the fast worker took more
+    assert stats["workers"]["slow"]["acked_examples"] == len(slow_ids)
+
+
+def test_a_killed_worker_s_unacknowledged_batch_is_redelivered_exactly_once(children):
+    audit = Audit()
+    n = 200
+    with served(audit, n, worker_timeout_s=1.0) as server:
+        doomed = consumer(children, server.address, "--batch-size", "10", "--hold-after", "3", "--worker", "doomed")
+        doomed.wait_line(lambda line: '"holding"' in line)
+        doomed.proc.send_signal(signal.SIGKILL)  # dies holding one un-acknowledged batch
+        doomed.proc.wait(T)
+        survivor = consumer(children, server.address, "--batch-size", "10", "--worker", "survivor")
+        survivor_events = survivor.events()
+        stats = server.stats()
+    assert audit.exactly_once(0, n)
+    assert stats["epochs"]["0"]["redelivered_batches"] == 1
+    assert stats["workers"]["doomed"]["acked_batches"] == 2
+    assert not stats["workers"]["doomed"]["alive"]
+    assert len(batch_ids(survivor_events)) == n - 20  # the 3rd batch came again
+    assert [e["event"] for e in survivor_events][-2:] == ["epoch_end", "done"]
+
+
+def test_every_worker_sees_every_epoch_end_then_the_end_of_data(children):
+    audit = Audit()
+    n = 120
+    with served(audit, n, num_epochs=2) as server:
+        workers = [
+            consumer(children, server.address, "--batch-size", "8", "--epochs", "3", "--delay-s", "0.005")
+            for _ in range(2)
+        ]
+        events = [w.events() for w in workers]
+    for ev in events:
+        ends = [e for e in ev if e["event"] == "epoch_end"]
+        # epochs 0 and 1 end for everyone; the third iteration is empty (closed)
+        assert [e["epoch"] for e in ends] == [0, 1, 1] and ends[2]["batches"] == 0
+    assert audit.exactly_once(0, n) and audit.exactly_once(1, n)
+    for epoch in range(2):
+        per_worker = []
+        for ev in events:
+            idx = [i for i, e in enumerate(ev) if e["event"] == "epoch_end"][epoch]
+            start = 0 if epoch == 0 else [i for i, e in enumerate(ev) if e["event"] == "epoch_end"][epoch - 1] + 1
+            per_worker.append(batch_ids(ev[start:idx]))
+        assert sorted(per_worker[0] + per_worker[1]) == list(range(n))
+
+
+def test_standalone_service_with_a_remote_producer_and_token(children):
+    service = children(["-m", "tfdist.data.queue_service", "--port", "0", "--host", "127.0.0.1"])
+    line = service.wait_line(lambda l: "listening on" in l)
+    address = line.rsplit(" ", 1)[1]
+    with pytest.raises(AuthError, match="Wrong job token"):
+        SharedQueue(address, token="wrong", timeout_s=10).stats()
+    producer = SharedQueue(address, token=TOKEN, timeout_s=10)
+    ids = np.arange(50, dtype=np.int64)
+    producer.enqueue_many({"x": np.zeros((50, 2), np.float32), "id": ids})
+    assert producer.end_epoch() == 0
+    producer.close()
+    reader = consumer(children, address, "--batch-size", "16")
+    events = reader.events()
+    assert sorted(batch_ids(events)) == list(range(50))
+    assert [e["size"] for e in events if e["event"] == "batch"][-1] == 2  # final smaller batch
+    producer.disconnect()
+    service.proc.send_signal(signal.SIGTERM)
+    assert service.proc.wait(T) == 0
+
+
+def test_service_refuses_to_start_without_a_token(children):
+    env = {constants.ENV_TOKEN: ""}
+    service = children(["-m", "tfdist.data.queue_service", "--port", "0"], env=env)
+    assert service.finish() == 2
+    assert any(constants.ENV_TOKEN in line for line in service.stderr)
+
+
+def test_server_and_client_modules_do_not_import_tensorflow():
+    code = (
+        "import sys, tfdist.data.queue_service, tfdist.data.shared_queue, tfdist.data.queue_consumer;"
+        "sys.exit(int('tensorflow' in sys.modules))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=T).returncode == 0
+
+
+def test_fit_from_the_shared_queue_in_two_epochs():
+    tf = pytest.importorskip("tensorflow")
+    import keras
+
+    audit = Audit()
+    n = 96
+    with served(audit, n, num_epochs=2) as server:
+        queue = SharedQueue(server.address, token=TOKEN)
+        ds = queue.as_dataset(batch_size=16).map(lambda e: (e["x"], e["id"] % 3))
+        with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3)])
+            model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        for epoch in range(2):  # one fit per epoch: see docs/input_pipeline.md
+            model.fit(ds, initial_epoch=epoch, epochs=epoch + 1, verbose=0)
+        queue.disconnect()
+    assert audit.exactly_once(0, n) and audit.exactly_once(1, n)
