@@ -126,7 +126,9 @@ class ParameterStore:
     def _check_same_specs(self, specs: list[VariableSpec]) -> None:
         theirs = {s.key: s for s in specs}
         if theirs != self._specs:
-            diff = sorted(set(theirs.items()) ^ set(self._specs.items()))[:4]
+            diff = sorted(
+                (k, f"{s.dtype}{list(s.shape)}") for k, s in set(theirs.items()) ^ set(self._specs.items())
+            )[:4]
             raise StoreError(
                 "This worker's variables differ from the ones the parameter servers "
                 f"were initialised with (first differences: {diff}). Every worker must "

@@ -83,7 +83,9 @@ def encode(
     buffers = []
     offset = 0
     for name, value in (tensors or {}).items():
-        arr = np.ascontiguousarray(value)
+        arr = np.asarray(value)
+        if not arr.flags.c_contiguous:  # (ascontiguousarray would turn scalars into 1-d)
+            arr = arr.copy(order="C")
         nbytes = arr.nbytes
         entries.append(
             {
@@ -95,7 +97,7 @@ def encode(
             }
         )
         if nbytes:
-            buffers.append(memoryview(arr.reshape(-1)).cast("B"))
+            buffers.append(memoryview(arr.reshape(-1).view(np.uint8)))
         offset += nbytes
     header = json.dumps(
         {"meta": dict(meta or {}), "tensors": entries}, separators=(",", ":")

@@ -63,9 +63,15 @@ class LocalCluster:
         self.token = self.job.token
 
     # ------------------------------------------------------------ control
-    def start_ps(self) -> list[str]:
-        """Starts only the PS tasks; returns their addresses."""
+    def start_ps(self, ready_timeout: float = 30.0) -> list[str]:
+        """Starts only the PS tasks and waits (bounded) until they accept calls.
+
+        Returns:
+            Their addresses.
+        """
         self.job.start([TaskSpec("ps", i) for i in range(len(self.config.cluster.ps))])
+        with self.client() as c:
+            c.wait_ready(ready_timeout)
         return list(self.config.cluster.ps)
 
     def start(self, script: str, args: Sequence[str] = (), tasks: Sequence[str | TaskSpec] | None = None) -> None:

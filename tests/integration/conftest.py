@@ -1,0 +1,44 @@
+"""Integration fixtures: real PS processes on 127.0.0.1, always torn down."""
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "tests", "integration", "scripts")
+
+
+@pytest.fixture
+def scripts_dir():
+    return SCRIPTS
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_children():
+    """Fails a test that leaves child processes of this pytest behind."""
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    leaked = []
+    for p in psutil.Process().children(recursive=True):
+        if p.pid in before:
+            continue
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "kernel" not in " ".join(p.cmdline()):
+                leaked.append((p.pid, " ".join(p.cmdline())[:120]))
+        except psutil.NoSuchProcess:
+            pass
+    for pid, _ in leaked:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    assert not leaked, f"test leaked child processes: {leaked}"

@@ -1,0 +1,124 @@
+"""Config dataclasses: YAML files, dict round trip, ClusterSpec, TF_CONFIG, errors."""
+
+import glob
+import json
+import os
+
+import pytest
+
+from tfdist.config import ClusterConfig, JobConfig, TaskSpec, load_config, parse_task
+from tfdist.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml"))))
+def test_every_shipped_config_loads(path):
+    import yaml
+
+    with open(path) as f:
+        raw = yaml.safe_load(f)
+    # Configs owned by other subsystems (federated, input) have their own loaders.
+    if not set(raw) <= {"name", "cluster", "strategy", "ps", "security", "launch"}:
+        pytest.skip("not a cluster job config")
+    cfg = load_config(path)
+    assert JobConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_counts_become_unassigned_local_addresses():
+    cfg = JobConfig.from_dict({"cluster": {"ps": 2, "worker": 3}})
+    assert cfg.cluster.ps == ["127.0.0.1:0"] * 2
+    assert cfg.cluster.num_workers == 3
+    assert cfg.cluster.is_unassigned() and cfg.cluster.is_local()
+
+
+def test_round_trip_dict_json_and_tf_config():
+    cfg = JobConfig.from_dict(
+        {"name": "j", "cluster": {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"], "ps": ["h3:1"]}, "ps": {"placement": "greedy"}}
+    )
+    assert JobConfig.from_json(cfg.to_json()) == cfg
+    tfc = cfg.tf_config(TaskSpec("worker", 1))
+    assert tfc == {"cluster": {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"], "ps": ["h3:1"]}, "task": {"type": "worker", "index": 1}}
+    again, task = JobConfig.from_tf_config(json.dumps(tfc))
+    assert again.cluster == cfg.cluster and task == TaskSpec("worker", 1)
+    # chief is worker 0, workers follow
+    assert [cfg.cluster.worker_id(j, i) for j, i in cfg.cluster.training_tasks()] == [0, 1, 2]
+    assert cfg.cluster.worker_id("worker", 1) == 2
+
+
+def test_cluster_spec_round_trip():
+    import tensorflow as tf
+
+    cluster = ClusterConfig(worker=["a:1", "b:2"], ps=["c:3"])
+    spec = cluster.to_cluster_spec()
+    assert isinstance(spec, tf.train.ClusterSpec)
+    assert ClusterConfig.from_cluster_spec(spec) == cluster
+
+
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        ({"cluster": {"ps": 0, "worker": 1}}, "cluster.ps"),
+        ({"cluster": {"ps": 1, "worker": 0}}, "cluster.worker"),
+        ({"cluster": {"ps": ["nohost"], "worker": 1}}, "cluster.ps[0]"),
+        ({"cluster": {"ps": 1, "worker": 1, "chief": 2}}, "cluster.chief"),
+        ({"cluster": {"ps": 1, "worker": 1}, "ps": {"placement": "random"}}, "ps.placement"),
+        ({"cluster": {"ps": 1, "worker": 1}, "ps": {"rpc_timeout_s": -1}}, "ps.rpc_timeout_s"),
+        ({"cluster": {"ps": 1, "worker": 1}, "ps": {"partition_threshold_bytes": 0}}, "ps.partition_threshold_bytes"),
+        ({"cluster": {"ps": 1, "worker": 1}, "strategy": {"consistency": "magic"}}, "strategy.consistency"),
+        ({"cluster": {"ps": 1, "worker": 1}, "ps": {"placment": "greedy"}}, "ps.placment"),
+        ({"cluster": {"ps": 1, "worker": 1}, "security": {"tls_cert": "a.pem"}}, "security.tls_cert"),
+        ({"clutser": {}}, "clutser"),
+    ],
+)
+def test_bad_fields_are_named(data, field):
+    with pytest.raises(ConfigError) as e:
+        JobConfig.from_dict(data)
+    assert f"`{field}`" in str(e.value)
+
+
+def test_yaml_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster: {ps: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        load_config(bad)
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("cluster:\n  ps: 1\n  worker: 1\nps:\n  placement: diagonal\n")
+    with pytest.raises(ConfigError, match=r"wrong.yaml.*ps.placement.*diagonal"):
+        load_config(wrong)
+    with pytest.raises(ConfigError, match="Cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_token_never_shown_in_repr():
+    cfg = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 1}, "security": {"token": "supersecret123"}})
+    assert "supersecret123" not in repr(cfg)
+    with pytest.raises(ConfigError) as e:
+        JobConfig.from_dict({"cluster": {"ps": 1, "worker": 1}, "security": {"token": "short"}})
+    assert "short" not in str(e.value)
+
+
+def test_explicit_token_wins_over_environment(monkeypatch):
+    monkeypatch.setenv("TFDIST_TOKEN", "from-the-env-123")
+    assert JobConfig().security.resolve_token() == "from-the-env-123"
+    cfg = JobConfig.from_dict({"security": {"token": "explicit-token-1"}})
+    assert cfg.security.resolve_token() == "explicit-token-1"
+
+
+def test_parse_task():
+    assert parse_task("worker:3") == TaskSpec("worker", 3)
+    for bad in ("worker", "worker:x", "boss:0"):
+        with pytest.raises(ConfigError):
+            parse_task(bad)
+
+
+def test_tf_config_errors(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match="TF_CONFIG is not set"):
+        JobConfig.from_tf_config()
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        JobConfig.from_tf_config("{nope")
+    with pytest.raises(ConfigError, match='"cluster"'):
+        JobConfig.from_tf_config("{}")
+    with pytest.raises(ConfigError, match="unknown job names"):
+        JobConfig.from_tf_config({"cluster": {"boss": ["a:1"], "ps": ["b:1"], "worker": ["c:1"]}})
