@@ -4,7 +4,7 @@
 drains epochs of a running :class:`~tfdist.data.SharedQueueServer` without
 TensorFlow and prints one JSON line per event on stdout::
 
-    {"event": "batch", "size": 32, "values": [...]}   # values with --report NAME
+    {"event": "batch", "size": 32, "t": 1795295144.65, "values": [...]}   # values with --report NAME
     {"event": "epoch_end", "epoch": 0, "batches": 10, "examples": 320}
     {"event": "done", "batches": 10, "examples": 320, "seconds": 0.41}
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             size = len(arrays[0])
             batches += 1
             examples += size
-            event = {"event": "batch", "size": size}
+            event = {"event": "batch", "size": size, "t": round(time.time(), 4)}
             if report is not None:
                 event["values"] = arrays[report].tolist()
             _emit(**event)
