@@ -1,0 +1,140 @@
+"""The launcher as a user runs it: README command, failures, Ctrl-C, one task per machine."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tfdist.cluster.local import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "tests", "integration", "scripts", "train_worker.py")
+pytestmark = pytest.mark.timeout(400)
+
+
+def _env():
+    env = dict(os.environ)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.pop("TF_CONFIG", None)
+    env.pop("TFDIST_CONFIG", None)
+    return env
+
+
+def _tagged(tag):
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if tag in " ".join(p.info["cmdline"] or []):
+                found.append(p.info["pid"])
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _launch(args, timeout, **kw):
+    return subprocess.run([sys.executable, "-m", "tfdist.launch", *args], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def test_readme_main_command(tmp_path):
+    r = _launch(["--config", "configs/local_async.yaml", "--log-dir", str(tmp_path),
+                 "examples/train_digits.py", "--epochs", "3"], timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "dataset: digits" in r.stdout or "dataset: mnist" in r.stdout
+    assert "[worker:0] worker 0: final test accuracy" in r.stdout
+    # the progress bar comes from worker 0 only; worker 1's stdout is in its log
+    assert "[worker:1] Epoch" not in r.stdout
+    assert "Epoch 1/3" in (tmp_path / "worker-1.log").read_text()
+    assert {"ps-0.log", "ps-1.log", "worker-0.log", "worker-1.log"} <= set(os.listdir(tmp_path))
+
+
+def test_a_failing_worker_stops_the_job_and_is_named(tmp_path):
+    tag = f"crash-{os.getpid()}-{time.time_ns()}"
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _launch(["--config", "configs/local_async.yaml", "--log-dir", str(tmp_path / "logs"), SCRIPT,
+                 "--out", str(out), "--epochs", "100", "--crash-after-epochs", "1", "--crash-worker", "1",
+                 "--tag", tag], timeout=300)
+    assert r.returncode == 1
+    assert "worker:1 exited with code 3" in r.stderr and "crashing on purpose" in r.stderr
+    assert _tagged(tag) == []
+
+
+def test_ctrl_c_stops_every_task(tmp_path):
+    tag = f"sigint-{os.getpid()}-{time.time_ns()}"
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "tfdist.launch", "--config", "configs/local_async.yaml",
+                             "--log-dir", str(tmp_path / "logs"), SCRIPT, "--out", str(out), "--epochs", "500",
+                             "--tag", tag], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:  # wait until training really runs
+            if "Epoch 2/" in line or time.monotonic() > deadline:
+                break
+        assert len([p for p in _tagged(tag) if p != proc.pid]) == 2  # both workers are up
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+        assert _tagged(tag) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_bad_config_exits_2_naming_the_field(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("cluster: {ps: 1, worker: 1}\nps: {placement: sideways}\n")
+    r = _launch(["--config", str(cfg), "examples/train_digits.py"], timeout=60)
+    assert r.returncode == 2
+    assert "ps.placement" in r.stderr and "sideways" in r.stderr
+
+
+def test_one_task_per_machine_mode(tmp_path):
+    """Each task started by its own launcher (--task), as on separate machines."""
+    ports = [free_port(), free_port(), free_port()]
+    cfg = tmp_path / "multi.yaml"
+    cfg.write_text(json.dumps({
+        "name": "multi",
+        "cluster": {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"],
+                    "ps": [f"127.0.0.1:{ports[2]}"]},
+    }))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = _env()
+    env["TFDIST_TOKEN"] = "shared-secret-token"
+    procs = []
+    try:
+        for task in ("ps:0", "chief:0", "worker:0"):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tfdist.launch", "--config", str(cfg), "--task", task, SCRIPT,
+                 "--out", str(out), "--epochs", "2"],
+                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        for p in procs:
+            p.wait(240)
+        logs = [p.stdout.read() for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(x[-1500:] for x in logs)
+        chief = json.loads((out / "worker-0.json").read_text())
+        worker = json.loads((out / "worker-1.json").read_text())
+        assert chief["is_chief"] and chief["placement"] == worker["placement"]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def test_task_mode_refuses_missing_token(tmp_path):
+    cfg = tmp_path / "multi.yaml"
+    cfg.write_text(json.dumps({"cluster": {"worker": ["127.0.0.1:5000"], "ps": ["127.0.0.1:5001"]}}))
+    env = _env()
+    env.pop("TFDIST_TOKEN", None)
+    r = subprocess.run([sys.executable, "-m", "tfdist.launch", "--config", str(cfg), "--task", "ps:0"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "TFDIST_TOKEN" in r.stderr
