@@ -206,7 +206,9 @@ class DeliveryLedger:
         dead = []
         with self._lock:
             for name, w in self._workers.items():
-                if w.alive and now - w.last_seen > self._worker_timeout_s:
+                # only a worker holding batches can hold up an epoch; an idle
+                # one that went quiet (finished, disconnected) is left alone
+                if w.alive and w.leases and now - w.last_seen > self._worker_timeout_s:
                     w.alive = False
                     dead.append(name)
                     for batch_id in sorted(w.leases, reverse=True):
