@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shared-examples", type=int, default=64_000)
     parser.add_argument("--balance-examples", type=int, default=19_200)
-    parser.add_argument("--balance-delay-s", type=float, default=0.01)
+    parser.add_argument("--balance-delay-s", type=float, default=0.02)
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
     from tfdist import constants
