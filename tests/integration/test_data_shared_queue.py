@@ -19,12 +19,7 @@ import numpy as np
 import pytest
 
 from tfdist import constants
-from tfdist.data import (
-    FIFOQueue,
-    RandomShuffleQueue,
-    SharedQueue,
-    SharedQueueServer,
-)
+from tfdist.data import RandomShuffleQueue, SharedQueue, SharedQueueServer
 from tfdist.errors import AuthError
 
 pytestmark = pytest.mark.integration

@@ -128,7 +128,26 @@ class DeliveryLedger:
 
     @property
     def element_spec(self):
-        return self._epochs[min(self._epochs)].queue.element_spec if self._epochs else None
+        """The element structure, once any epoch's queue knows it (else ``None``)."""
+        with self._lock:
+            return self._element_spec_locked()
+
+    def _element_spec_locked(self):
+        for _, ep in sorted(self._epochs.items()):
+            if ep.queue.element_spec is not None:
+                return ep.queue.element_spec
+        return None
+
+    def wait_for_element_spec(self, timeout: float):
+        """The element structure, waiting up to ``timeout`` s for a first element."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                spec = self._element_spec_locked()
+                remaining = deadline - time.monotonic()
+                if spec is not None or remaining <= 0:
+                    return spec
+                self._changed.wait(min(_SLICE_S * 4, remaining))
 
     def producing_queue(self) -> tuple[int, QueueBase]:
         """The epoch that new elements go to, and its queue."""

@@ -216,10 +216,6 @@ class ElementSpec:
     def with_shapes(self, shapes: Sequence[Shape]) -> "ElementSpec":
         return dataclasses.replace(self, shapes=tuple(tuple(s) for s in shapes))
 
-    @property
-    def fully_defined(self) -> bool:
-        return all(s is not None and None not in s for s in self.shapes)
-
     # -- dict round trip (for the wire) ---------------------------------------
 
     def to_dict(self) -> dict:

@@ -12,7 +12,7 @@ import pickle
 import sys
 import threading
 import traceback
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from tfdist.data.coordinator import Coordinator
 from tfdist.data.errors import QueueClosedError

@@ -63,12 +63,15 @@ def _bind_epoch(producer: Any, epoch: int, num_epochs: int | None) -> Any:
             )
         return producer
     try:
-        inspect.signature(producer).bind(0)
-    except TypeError:
-        return producer  # takes no argument
-    except ValueError:  # no signature (builtins)
+        params = inspect.signature(producer).parameters.values()
+    except (TypeError, ValueError):  # no signature (builtins): call it bare
         return producer
-    return functools.partial(producer, epoch)
+    required = [
+        p for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    # f(epoch) if it requires one argument; f() if all have defaults.
+    return functools.partial(producer, epoch) if required else producer
 
 
 class SharedQueueServer:
@@ -80,8 +83,9 @@ class SharedQueueServer:
 
     * **server producers**: ``producers`` run in this process (threads, or
       processes with ``use_processes=True``) once per epoch, like a
-      ``QueueRunner``; each is a callable ``f(epoch) -> iterable`` (or
-      ``f()``). After ``num_epochs`` epochs the queue closes.
+      ``QueueRunner``; each is a callable ``f(epoch) -> iterable`` (one
+      required argument) or ``f() -> iterable`` (none). After
+      ``num_epochs`` epochs the queue closes.
     * **remote producers**: any client calls ``SharedQueue.enqueue_many``,
       ``end_epoch`` and ``close``.
 
@@ -346,19 +350,12 @@ class SharedQueueServer:
             wait = min(wait, remaining - _MARGIN_S)
         return max(0.0, wait)
 
-    def _spec_dict(self) -> dict | None:
-        spec = self._ledger.element_spec
-        return None if spec is None else spec.to_dict()
-
     # -- RPCs ------------------------------------------------------------------------
 
     def _rpc_Describe(self, meta, tensors, context):
-        try:
-            self._template.wait_for_element_spec(self._budget(meta, context, 0.0))
-        except QueueTimeoutError:
-            pass
+        spec = self._ledger.wait_for_element_spec(self._budget(meta, context, 0.0))
         return {
-            "spec": self._spec_dict(),
+            "spec": None if spec is None else spec.to_dict(),
             "queue": type(self._template).__name__,
             "capacity": self._template.capacity,
             "closed": self._ledger.closed,

@@ -18,6 +18,7 @@ from tfdist import constants
 from tfdist.data.element_spec import ElementSpec
 from tfdist.data.errors import (
     QueueClosedError,
+    QueueTimeoutError,
     SharedQueueError,
     SharedQueueUnavailableError,
 )
@@ -170,6 +171,10 @@ class SharedQueue:
                     )
         return self._spec
 
+    def _count_holding(self, delta: int) -> None:
+        with self._lock:
+            self._holding += delta
+
     def _start_heartbeat(self) -> None:
         with self._lock:
             if self._heartbeat is not None:
@@ -222,7 +227,7 @@ class SharedQueue:
                         "wait_s": self._poll_s,
                     },
                 )
-                self._holding -= len(pending)
+                self._count_holding(-len(pending))
                 pending = []
                 status = meta["status"]
                 if meta.get("epoch") is not None:
@@ -233,14 +238,14 @@ class SharedQueue:
                     return
                 if status == "retry":
                     continue
-                self._holding += 1
+                self._count_holding(1)
                 pending = [meta["batch_id"]]
                 yield [tensors[name] for name in spec.names]
         finally:
             if pending:
                 try:
                     self._call("Ack", {"worker": self._worker, "acks": pending})
-                    self._holding -= len(pending)
+                    self._count_holding(-len(pending))
                 except Exception as e:  # noqa: BLE001 - the lease will expire instead
                     logger.warning("could not acknowledge batch %s: %s", pending, e)
 
@@ -298,8 +303,6 @@ class SharedQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         while done < total:
             if deadline is not None and time.monotonic() >= deadline:
-                from tfdist.data.errors import QueueTimeoutError
-
                 raise QueueTimeoutError(
                     f"enqueue_many to {self._address} timed out after {timeout} s with "
                     f"{done} of {total} elements in (the queue stayed full).",

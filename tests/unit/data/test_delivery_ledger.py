@@ -114,3 +114,4 @@ def test_a_failed_producer_fails_every_dequeue():
 def test_dequeue_waits_at_most_its_timeout_for_data():
     ledger, _, _ = make(0)
     assert ledger.dequeue("a", 2, timeout=0.05).kind == "retry"
+

@@ -1,7 +1,6 @@
 """QueueRunner: producer threads and processes, end of data, errors."""
 
 import functools
-import threading
 
 import numpy as np
 import pytest
