@@ -98,12 +98,12 @@ def test_bad_config_exits_2_naming_the_field(tmp_path):
 
 def test_one_task_per_machine_mode(tmp_path):
     """Each task started by its own launcher (--task), as on separate machines."""
-    ports = [free_port(), free_port(), free_port()]
+    ports = [free_port(), free_port(), free_port(), free_port()]
     cfg = tmp_path / "multi.yaml"
     cfg.write_text(json.dumps({
         "name": "multi",
         "cluster": {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"],
-                    "ps": [f"127.0.0.1:{ports[2]}"]},
+                    "ps": [f"127.0.0.1:{ports[2]}"], "evaluator": [f"127.0.0.1:{ports[3]}"]},
     }))
     out = tmp_path / "out"
     out.mkdir()
@@ -111,18 +111,22 @@ def test_one_task_per_machine_mode(tmp_path):
     env["TFDIST_TOKEN"] = "shared-secret-token"
     procs = []
     try:
-        for task in ("ps:0", "chief:0", "worker:0"):
+        for task in ("ps:0", "chief:0", "worker:0", "evaluator:0"):
+            epochs = "0" if task == "evaluator:0" else "2"  # the evaluator only evaluates
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tfdist.launch", "--config", str(cfg), "--task", task, SCRIPT,
-                 "--out", str(out), "--epochs", "2"],
+                 "--out", str(out), "--epochs", epochs],
                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         for p in procs:
             p.wait(240)
         logs = [p.stdout.read() for p in procs]
-        assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(x[-1500:] for x in logs)
+        assert [p.returncode for p in procs] == [0, 0, 0, 0], "\n".join(x[-1500:] for x in logs)
         chief = json.loads((out / "worker-0.json").read_text())
         worker = json.loads((out / "worker-1.json").read_text())
         assert chief["is_chief"] and chief["placement"] == worker["placement"]
+        evaluator = json.loads((out / "worker--1.json").read_text())  # evaluators have worker id -1
+        assert evaluator["placement"] == chief["placement"] and evaluator["predict_shape"] == [5, 10]
+        assert "sync_stats" in evaluator and evaluator["sync_stats"]["syncs"] == 0
     finally:
         for p in procs:
             if p.poll() is None:
