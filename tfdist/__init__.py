@@ -13,6 +13,11 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "ParameterServerStrategy": "tfdist.strategies.parameter_server",
+    "SyncReplicasStrategy": "tfdist.strategies.parameter_server",
+    "BSPStrategy": "tfdist.strategies.parameter_server",
+    "SSPStrategy": "tfdist.strategies.parameter_server",
+    "DTSSPStrategy": "tfdist.strategies.parameter_server",
+    "consistency": "tfdist.consistency",
     "JobConfig": "tfdist.config",
     "ClusterConfig": "tfdist.config",
     "load_config": "tfdist.config",

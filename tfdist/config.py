@@ -168,20 +168,73 @@ class ClusterConfig:
 
 @dataclass
 class StrategyConfig:
-    """How workers exchange parameters.
+    """How workers exchange parameters (DESIGN.md §4).
 
     Attributes:
-        consistency: ``"async"`` (ASP: push every step, never wait). The
-            consistency family (BSP, SyncReplicas, SSP, DTSSP) plugs in here.
+        consistency: ``"async"`` (ASP: push every step, never wait),
+            ``"bsp"`` (every live worker's gradient, every step),
+            ``"sync_replicas"`` (first ``replicas_to_aggregate`` gradients of
+            every step; later ones dropped), ``"ssp"`` (bounded staleness
+            ``staleness``) or ``"dtssp"`` (SSP whose bound moves within
+            ``[min_staleness, max_staleness]`` by learning progress).
             Defaults to ``"async"``.
+        staleness: SSP bound ``s``. Defaults to 3.
+        replicas_to_aggregate: SyncReplicas ``M``. Defaults to ``None``
+            (all workers).
+        min_staleness: DTSSP lower bound (and start). Defaults to 3.
+        max_staleness: DTSSP upper bound. Defaults to 10.
+        window: DTSSP loss window in global clocks. Defaults to 10.
+        delta: DTSSP dead band of the learning-progress ratio. Defaults to 0.01.
     """
 
     consistency: str = "async"
+    staleness: int = 3
+    replicas_to_aggregate: int | None = None
+    min_staleness: int = 3
+    max_staleness: int = 10
+    window: int = 10
+    delta: float = 0.01
 
     def __post_init__(self):
-        allowed = ("async",)
+        allowed = ("async", "bsp", "sync_replicas", "ssp", "dtssp")
         if self.consistency not in allowed:
             raise _fail("strategy.consistency", self.consistency, f"Use one of {list(allowed)}.")
+        for name in ("staleness", "min_staleness", "max_staleness"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise _fail(f"strategy.{name}", v, "Give an integer >= 0.")
+        if self.min_staleness > self.max_staleness:
+            raise _fail("strategy.min_staleness", self.min_staleness,
+                        f"It must not exceed strategy.max_staleness ({self.max_staleness}).")
+        if self.replicas_to_aggregate is not None and (
+            isinstance(self.replicas_to_aggregate, bool) or not isinstance(self.replicas_to_aggregate, int)
+            or self.replicas_to_aggregate < 1
+        ):
+            raise _fail("strategy.replicas_to_aggregate", self.replicas_to_aggregate,
+                        "Give an integer >= 1, or null for all workers.")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise _fail("strategy.window", self.window, "Give an integer >= 1 (global clocks per loss window).")
+        if not isinstance(self.delta, (int, float)) or self.delta < 0:
+            raise _fail("strategy.delta", self.delta, "Give a number >= 0.")
+
+    def policy_spec(self, num_workers: int) -> dict[str, Any]:
+        """The policy spec (see ``tfdist.consistency``) this section describes."""
+        name = self.consistency
+        if name == "async":
+            return {"policy": "async"}
+        if name == "ssp":
+            return {"policy": "ssp", "staleness": self.staleness, "refresh_every_step": False}
+        if name == "dtssp":
+            return {"policy": "dtssp", "min_staleness": self.min_staleness, "max_staleness": self.max_staleness,
+                    "window": self.window, "delta": self.delta}
+        m = self.replicas_to_aggregate or num_workers
+        if m > num_workers:
+            raise _fail(
+                "strategy.replicas_to_aggregate", m,
+                f"The job has {num_workers} worker(s); aggregating more gradients than workers per step "
+                "(accumulation across steps) is not supported. Use at most the number of workers.",
+            )
+        return {"policy": name, "replicas_to_aggregate": m}
 
 
 @dataclass

@@ -1,16 +1,87 @@
-"""Consistency policies the parameter server consults on every push and pull."""
+"""Consistency policies the parameter server consults on every push and pull.
 
-from tfdist.consistency.asp import AsyncPolicy
-from tfdist.consistency.base import ConsistencyPolicy, PullDecision, PushAction, PushDecision
+One family (DESIGN.md §4): ASP = SSP(∞) refreshing every step, SSP(s),
+DTSSP(s_min..s_max), and on the gradient path SyncReplicas(M of N) with BSP
+as SyncReplicas(all live workers).
+"""
 
-__all__ = ["AsyncPolicy", "ConsistencyPolicy", "PullDecision", "PushAction", "PushDecision", "make_policy"]
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from tfdist.consistency.base import (
+    ConsistencyPolicy,
+    GradientAction,
+    GradientDecision,
+    PolicyContext,
+    PullDecision,
+    PushAction,
+    PushDecision,
+)
+from tfdist.consistency.dtssp import DTSSPPolicy, StalenessChange, learning_progress_ratio, next_staleness
+from tfdist.consistency.ssp import AsyncPolicy, SSPPolicy, cache_is_fresh_enough
+from tfdist.consistency.sync_replicas import BSPPolicy, SyncReplicasPolicy
+
+__all__ = [
+    "ASP",
+    "BSP",
+    "DTSSP",
+    "SSP",
+    "SyncReplicas",
+    "AsyncPolicy",
+    "BSPPolicy",
+    "ConsistencyPolicy",
+    "DTSSPPolicy",
+    "GradientAction",
+    "GradientDecision",
+    "PolicyContext",
+    "PullDecision",
+    "PushAction",
+    "PushDecision",
+    "SSPPolicy",
+    "StalenessChange",
+    "SyncReplicasPolicy",
+    "cache_is_fresh_enough",
+    "learning_progress_ratio",
+    "make_policy",
+    "next_staleness",
+    "policy_from_spec",
+]
+
+#: Short aliases: ``tfdist.consistency.SSP(3)``.
+SSP = SSPPolicy
+DTSSP = DTSSPPolicy
+SyncReplicas = SyncReplicasPolicy
+BSP = BSPPolicy
+ASP = AsyncPolicy
+
+POLICY_NAMES = ("async", "bsp", "sync_replicas", "ssp", "dtssp")
 
 
-def make_policy(name: str) -> ConsistencyPolicy:
-    """Returns a fresh policy object for a consistency-mode name."""
+def policy_from_spec(spec: Mapping[str, Any], num_workers: int = 1) -> ConsistencyPolicy:
+    """Builds a policy from its :meth:`~ConsistencyPolicy.spec` mapping."""
     from tfdist.errors import ConfigError
 
-    policies = {"async": AsyncPolicy}
-    if name not in policies:
-        raise ConfigError(f"Unknown consistency mode. Received: consistency={name!r}. Use one of {sorted(policies)}.")
-    return policies[name]()
+    name = spec.get("policy")
+    try:
+        if name == "async":
+            return AsyncPolicy()
+        if name == "ssp":
+            s = spec.get("staleness")
+            return SSPPolicy(math.inf if s is None else int(s), bool(spec.get("refresh_every_step", False)))
+        if name == "dtssp":
+            return DTSSPPolicy(int(spec.get("min_staleness", 3)), int(spec.get("max_staleness", 10)),
+                               window=int(spec.get("window", 10)), delta=float(spec.get("delta", 0.01)))
+        if name == "bsp":
+            return BSPPolicy(int(spec.get("replicas_to_aggregate") or num_workers))
+        if name == "sync_replicas":
+            return SyncReplicasPolicy(int(spec["replicas_to_aggregate"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"Bad consistency settings {dict(spec)!r}: {e}") from e
+    raise ConfigError(f"Unknown consistency mode. Received: consistency={name!r}. Use one of {list(POLICY_NAMES)}.")
+
+
+def make_policy(name: str, num_workers: int = 1, **params) -> ConsistencyPolicy:
+    """Returns a fresh policy for a consistency-mode name and its parameters."""
+    return policy_from_spec({"policy": name, **params}, num_workers)

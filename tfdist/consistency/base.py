@@ -3,15 +3,42 @@
 A policy is a pure object: it keeps clocks and counters, never does I/O, and
 answers the parameter server's questions with typed decisions. The server
 carries the decisions out (apply a push, drop it, or make the caller wait).
-Policies are unit-tested with a fake clock.
+Policies are unit-tested with a fake clock: time and the set of live workers
+arrive in a :class:`PolicyContext`.
+
+Two exchange paths share this interface (DESIGN.md §4.1):
+
+* **update path** (ASP, SSP, DTSSP): workers push the additive change their
+  own optimizer made; the policy decides when a worker may start a clock
+  (``on_pull``) and whether a push is applied (``on_push``).
+* **gradient path** (BSP, SyncReplicas): workers push gradients for a global
+  step; the policy decides whether a gradient counts (``on_gradient``) and
+  when a step is complete (``step_complete``). Every worker applies the same
+  aggregate with its own optimizer, so workers stay identical.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["PushAction", "PushDecision", "PullDecision", "ConsistencyPolicy"]
+__all__ = [
+    "PolicyContext",
+    "PushAction",
+    "PushDecision",
+    "PullDecision",
+    "GradientAction",
+    "GradientDecision",
+    "ConsistencyPolicy",
+]
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What the server knows when it asks: the time and the live workers."""
+
+    now: float = 0.0
+    live: frozenset[int] = field(default_factory=frozenset)
 
 
 class PushAction(enum.Enum):
@@ -36,27 +63,57 @@ class PullDecision:
     reason: str = ""
 
 
+class GradientAction(enum.Enum):
+    """What the server does with a gradient pushed for a global step."""
+
+    ACCUMULATE = "accumulate"  # counts towards the step
+    STALE = "stale"  # the step is already complete: dropped
+    FUTURE = "future"  # the worker is ahead of the global step: refused
+    DUPLICATE = "duplicate"  # this worker already contributed to the step: refused
+
+
+@dataclass(frozen=True)
+class GradientDecision:
+    action: GradientAction
+    reason: str = ""
+
+
 class ConsistencyPolicy:
     """Base class: decides, per push and per pull, apply / drop / wait.
 
-    Subclasses override the hooks they need. ``now`` is a float time in
-    seconds supplied by the caller (a fake clock in tests).
+    Subclasses override the hooks they need.
     """
 
     #: Name used in configs and logs.
     name = "base"
+    #: ``"update"`` or ``"gradient"``: which exchange path workers use.
+    path = "update"
 
-    def on_push(self, worker: int, clock: int, now: float) -> PushDecision:
+    # ----------------------------------------------------------- update path
+    def on_push(self, worker: int, clock: int, ctx: PolicyContext) -> PushDecision:
         """Called before a push from ``worker`` made at ``clock`` is applied."""
         return PushDecision(PushAction.APPLY)
 
-    def on_pull(self, worker: int, clock: int, now: float) -> PullDecision:
-        """Called before a pull by ``worker`` about to start ``clock``."""
+    def on_pull(self, worker: int, clock: int, ctx: PolicyContext) -> PullDecision:
+        """Called before a read by ``worker`` about to start ``clock``."""
         return PullDecision(False)
 
-    def on_applied(self, worker: int, clock: int, now: float) -> None:
-        """Called after a push was applied (advance clocks here)."""
+    def on_applied(self, worker: int, clock: int, ctx: PolicyContext, loss: float | None = None) -> None:
+        """Called after a push was applied; ``clock`` is the worker's completed steps."""
+
+    # --------------------------------------------------------- gradient path
+    def on_gradient(self, worker: int, step: int, global_step: int, contributors: frozenset[int],
+                    ctx: PolicyContext) -> GradientDecision:
+        raise NotImplementedError(f"{self.name} does not aggregate gradients")
+
+    def step_complete(self, contributors: frozenset[int], ctx: PolicyContext) -> bool:
+        raise NotImplementedError(f"{self.name} does not aggregate gradients")
+
+    # --------------------------------------------------------------- common
+    def spec(self) -> dict:
+        """Name and parameters: what workers and PS tasks must agree on."""
+        return {"policy": self.name}
 
     def describe(self) -> dict:
         """Current state for status RPCs and logs (JSON-able)."""
-        return {"policy": self.name}
+        return self.spec()

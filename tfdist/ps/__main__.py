@@ -16,7 +16,6 @@ import sys
 
 from tfdist import constants
 from tfdist.config import JobConfig, TaskSpec, load_config, parse_task
-from tfdist.consistency import make_policy
 from tfdist.errors import ConfigError, TfdistError
 from tfdist.ps.server import PSServer, load_tls_server_credentials
 
@@ -43,7 +42,7 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
     if config.security.tls_cert:
         creds = load_tls_server_credentials(config.security.tls_cert, config.security.tls_key)
     return PSServer(
-        make_policy(config.strategy.consistency),
+        None,  # the chief's Init brings the consistency policy
         port=int(addr_port) if port is None else port,
         host=host,
         token=token,
@@ -52,6 +51,7 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
         heartbeat_timeout_s=config.ps.heartbeat_timeout_s,
         tls_credentials=creds,
         task_index=task.index,
+        startup_grace_s=config.ps.startup_timeout_s,
     )
 
 

@@ -37,22 +37,25 @@ class VariableSpec:
         key: Unique, creation-ordered key (``"0003/dense/kernel"``).
         dtype: numpy dtype name.
         shape: Static shape.
+        trainable: Whether gradients may be pushed for it (gradient path).
     """
 
     key: str
     dtype: str
     shape: tuple[int, ...]
+    trainable: bool = True
 
     @property
     def nbytes(self) -> int:
-        return int(math.prod(self.shape)) * np.dtype(self.dtype).itemsize
+        itemsize = 2 if self.dtype == "bfloat16" else np.dtype(self.dtype).itemsize
+        return int(math.prod(self.shape)) * itemsize
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "dtype": self.dtype, "shape": list(self.shape)}
+        return {"key": self.key, "dtype": self.dtype, "shape": list(self.shape), "trainable": self.trainable}
 
     @classmethod
     def from_dict(cls, d: dict) -> "VariableSpec":
-        return cls(str(d["key"]), str(d["dtype"]), tuple(int(x) for x in d["shape"]))
+        return cls(str(d["key"]), str(d["dtype"]), tuple(int(x) for x in d["shape"]), bool(d.get("trainable", True)))
 
 
 @dataclass(frozen=True)

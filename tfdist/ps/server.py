@@ -2,7 +2,12 @@
 
 Methods (service ``tfdist.ParameterServer``; every request and response is a
 :mod:`tfdist.ps.wire` message): ``Init``, ``WaitInit``, ``Pull``, ``Push``,
-``PushPull``, ``Heartbeat``, ``Status``, ``Done``, ``Shutdown``.
+``PushPull`` (update path), ``PushGradients``, ``PutState`` (gradient path),
+``Heartbeat``, ``Status``, ``Done``, ``Shutdown``.
+
+The consistency policy arrives with the initialising worker's ``Init`` (the
+chief's strategy decides), so a PS task needs no user code and no mode
+setting; workers whose strategy differs are refused.
 
 Every call must carry the job token in metadata; requests are decoded and
 validated before the store is touched, and a refused request returns a gRPC
@@ -21,8 +26,9 @@ from typing import Callable
 import grpc
 
 from tfdist import constants
+from tfdist.consistency import policy_from_spec
 from tfdist.consistency.base import ConsistencyPolicy
-from tfdist.errors import WireFormatError
+from tfdist.errors import ConfigError, WireFormatError
 from tfdist.ps import wire
 from tfdist.ps.placement import VariableSpec
 from tfdist.ps.store import ParameterStore, StoreError
@@ -32,7 +38,8 @@ __all__ = ["PSServer", "SERVICE", "METHODS", "load_tls_server_credentials"]
 logger = logging.getLogger(__name__)
 
 SERVICE = "tfdist.ParameterServer"
-METHODS = ("Init", "WaitInit", "Pull", "Push", "PushPull", "Heartbeat", "Status", "Done", "Shutdown")
+METHODS = ("Init", "WaitInit", "Pull", "Push", "PushPull", "PushGradients", "PutState", "Heartbeat", "Status",
+           "Done", "Shutdown")
 
 
 def load_tls_server_credentials(cert_path: str, key_path: str) -> grpc.ServerCredentials:
@@ -48,7 +55,8 @@ class PSServer:
     """Serves one :class:`ParameterStore` over gRPC.
 
     Args:
-        policy: Consistency policy of this task's store.
+        policy: Consistency policy of this task's store; ``None`` (the usual
+            case) adopts the policy the initialising worker sends.
         port: Port to bind on ``host`` (0 picks a free one). Defaults to 0.
         host: Interface to bind. Defaults to ``"127.0.0.1"``; use ``"[::]"``
             to serve other machines.
@@ -66,7 +74,7 @@ class PSServer:
 
     def __init__(
         self,
-        policy: ConsistencyPolicy,
+        policy: ConsistencyPolicy | None = None,
         port: int = 0,
         host: str = "127.0.0.1",
         token: str | None = None,
@@ -77,8 +85,9 @@ class PSServer:
         task_index: int = 0,
         exit_when_done: bool = True,
         max_threads: int = 32,
+        startup_grace_s: float = constants.DEFAULT_STARTUP_TIMEOUT_S,
     ):
-        self.store = ParameterStore(policy, heartbeat_timeout_s=heartbeat_timeout_s)
+        self.store = ParameterStore(policy, heartbeat_timeout_s=heartbeat_timeout_s, startup_grace_s=startup_grace_s)
         self._token = token.encode() if token else None
         self.num_workers = num_workers
         self.task_index = task_index
@@ -113,7 +122,7 @@ class PSServer:
             "ps:%d serving on %s (policy=%s, max_message_bytes=%d, auth=%s)",
             self.task_index,
             self.address,
-            self.store.policy.name,
+            self.store.policy.name if self.store.policy else "chosen by the chief",
             self.max_message_bytes,
             "token" if self._token else "none",
         )
@@ -179,33 +188,49 @@ class PSServer:
         return None if remaining is None else max(remaining - 0.05, 0.0)
 
     # ------------------------------------------------------------------ RPCs
+    @staticmethod
+    def _policy(meta) -> ConsistencyPolicy | None:
+        spec = meta.get("policy")
+        if spec is None:
+            return None
+        try:
+            return policy_from_spec(spec, int(meta.get("num_workers") or 1))
+        except ConfigError as e:
+            raise StoreError(str(e)) from e
+
     def _rpc_Init(self, meta, tensors, context):
         specs = [VariableSpec.from_dict(d) for d in meta["specs"]]
-        created = self.store.init(int(meta["worker"]), specs, tensors)
-        return {"initialized_here": created, "version": self.store.version}, {}
+        created = self.store.init(
+            int(meta["worker"]), specs, tensors, policy=self._policy(meta),
+            num_workers=meta.get("num_workers"), step=int(meta.get("step", 0)),
+        )
+        return {"initialized_here": created, "version": self.store.version,
+                "global_step": self.store.global_step}, {}
 
     def _rpc_WaitInit(self, meta, tensors, context):
         timeout = float(meta.get("timeout_s", 0.0))
         budget = self._timeout(context)
         ready = self.store.wait_initialized(min(timeout, budget) if budget is not None else timeout)
         if ready and meta.get("specs") is not None:
-            self.store.check_specs([VariableSpec.from_dict(d) for d in meta["specs"]])
-        return {"initialized": ready, "version": self.store.version}, {}
+            self.store.check_compatible([VariableSpec.from_dict(d) for d in meta["specs"]], self._policy(meta))
+        return {"initialized": ready, "version": self.store.version, "global_step": self.store.global_step}, {}
 
     def _pull(self, meta, context, extra: dict | None = None) -> bytes:
         """Encodes the requested values under the store lock (one copy)."""
         keys = meta.get("keys")
         worker, clock = int(meta.get("worker", -1)), int(meta.get("clock", 0))
+        min_state_step = meta.get("min_state_step")
 
-        def consume(version: int, values: dict) -> bytes:
-            return wire.encode({"version": version, **(extra or {})}, values)
+        def consume(info: dict, values: dict) -> bytes:
+            return wire.encode({**info, **(extra or {})}, values)
 
-        return self.store.read(worker, clock, keys, consume, timeout=self._timeout(context))
+        return self.store.read(worker, clock, keys, consume, timeout=self._timeout(context),
+                               min_state_step=None if min_state_step is None else int(min_state_step))
 
     def _push(self, meta, tensors, context) -> dict:
-        return dict(
-            self.store.push(int(meta["worker"]), int(meta.get("clock", 0)), tensors, timeout=self._timeout(context))
-        )
+        loss = meta.get("loss")
+        return self.store.push(int(meta["worker"]), int(meta.get("clock", 0)), tensors,
+                               timeout=self._timeout(context), loss=None if loss is None else float(loss))
 
     def _rpc_Pull(self, meta, tensors, context):
         return self._pull(meta, context)
@@ -216,6 +241,12 @@ class PSServer:
     def _rpc_PushPull(self, meta, tensors, context):
         result = self._push(meta, tensors, context)
         return self._pull(meta, context, {"push": result})
+
+    def _rpc_PushGradients(self, meta, tensors, context):
+        return self.store.push_gradients(int(meta["worker"]), int(meta["step"]), tensors, timeout=self._timeout(context))
+
+    def _rpc_PutState(self, meta, tensors, context):
+        return self.store.put_state(int(meta["worker"]), int(meta["step"]), tensors), {}
 
     def _rpc_Heartbeat(self, meta, tensors, context):
         return {"live_workers": self.store.heartbeat(int(meta["worker"]))}, {}

@@ -2,15 +2,18 @@
 
 The session owns the placement plan, the cache snapshot and the protocol:
 
-* :meth:`WorkerSession.initialize` — the chief stores its values on every PS
-  (in parallel); any other worker waits (bounded) and pulls.
+* :meth:`WorkerSession.initialize` — the chief stores its values (and the
+  consistency policy) on every PS in parallel; any other worker waits
+  (bounded) and pulls.
 * :meth:`WorkerSession.sync` — pushes the *update* made locally since the last
   sync (``current - snapshot``, an additive delta, so any Keras optimizer
   works) and pulls fresh values in the same call, one call per PS task, all
   tasks in parallel.
 * :meth:`WorkerSession.pull` — fresh values without pushing.
 
-Strategies call these from ``tf.py_function``; tests call them directly.
+:class:`UpdateSession` adds SSP clocks (ASP, SSP, DTSSP) and
+:class:`GradientSession` the gradient path (BSP, SyncReplicas). Strategies
+call these from ``tf.py_function``; tests call them directly.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from tfdist.consistency.ssp import cache_is_fresh_enough
 from tfdist.errors import PSRejectedError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec
@@ -42,6 +46,9 @@ class WorkerSession:
         is_chief: Whether this worker initialises the PS.
         startup_timeout_s: Bound on waiting for the chief's initialisation.
         heartbeat_interval_s: Heart-beat period; ``None`` disables the thread.
+        policy_spec: The consistency policy (``policy.spec()``) the chief
+            installs on the PS and the others check. Defaults to async.
+        num_workers: Training workers of the job (BSP waits for all of them).
     """
 
     def __init__(
@@ -53,8 +60,13 @@ class WorkerSession:
         is_chief: bool,
         startup_timeout_s: float = 120.0,
         heartbeat_interval_s: float | None = 2.0,
+        policy_spec: dict | None = None,
+        num_workers: int = 1,
     ):
         self.client = client
+        self.policy_spec = policy_spec or {"policy": "async"}
+        self.num_workers = num_workers
+        self.global_step = 0
         self.specs = list(specs)
         self.plan = plan
         self.worker_id = worker_id
@@ -102,7 +114,7 @@ class WorkerSession:
             shape = list(spec.shape)
             if shard.rows is not None:
                 shape[0] = shard.rows[1] - shard.rows[0]
-            out.append({"key": shard.key, "dtype": spec.dtype, "shape": shape})
+            out.append({"key": shard.key, "dtype": spec.dtype, "shape": shape, "trainable": spec.trainable})
         return out
 
     # ---------------------------------------------------------- protocol
@@ -117,7 +129,8 @@ class WorkerSession:
         if self.is_chief:
             parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
             requests = {
-                ps: ({"worker": self.worker_id, "specs": self._spec_meta(ps)}, parts[ps])
+                ps: ({"worker": self.worker_id, "specs": self._spec_meta(ps), "policy": self.policy_spec,
+                      "num_workers": self.num_workers}, parts[ps])
                 for ps in range(self.plan.num_ps)
             }
             replies = self.client.call_many("Init", requests)
@@ -144,7 +157,10 @@ class WorkerSession:
                         )
                     wait = min(remaining, 10.0)
                     meta, _ = self.client.call(
-                        ps, "WaitInit", {"timeout_s": wait, "specs": self._spec_meta(ps)}, timeout=wait + 5.0
+                        ps, "WaitInit",
+                        {"timeout_s": wait, "specs": self._spec_meta(ps), "policy": self.policy_spec,
+                         "num_workers": self.num_workers},
+                        timeout=wait + 5.0,
                     )
                     if meta["initialized"]:
                         break
@@ -152,43 +168,65 @@ class WorkerSession:
         self._start_heartbeat()
         return values
 
-    def pull(self) -> dict[str, np.ndarray]:
-        """Fresh values of every variable; resets the snapshot to them."""
+    def pull(self, clock: int | None = None, min_state_step: int | None = None) -> dict[str, np.ndarray]:
+        """Fresh values of every variable; resets the snapshot to them.
+
+        Args:
+            clock: The clock the worker is about to start (SSP may make the
+                PS wait until the read is allowed). Defaults to the current.
+            min_state_step: Gradient path: wait for a state snapshot at least
+                this recent.
+        """
         start = time.perf_counter()
+        meta = {"worker": self.worker_id, "clock": self.clock if clock is None else clock}
+        if min_state_step is not None:
+            meta["min_state_step"] = min_state_step
         replies = self.client.call_many(
-            "Pull",
-            {ps: ({"worker": self.worker_id, "clock": self.clock, "keys": self.plan.keys_on(ps)}, {})
-             for ps in range(self.plan.num_ps)},
+            "Pull", {ps: ({**meta, "keys": self.plan.keys_on(ps)}, {}) for ps in range(self.plan.num_ps)}
         )
         values = self._absorb(replies)
         self.stats["pulls"] += 1
         self.stats["sync_seconds"] += time.perf_counter() - start
         return values
 
-    def sync(self, current: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def sync(self, current: Mapping[str, np.ndarray], loss: float | None = None) -> dict[str, np.ndarray]:
         """Pushes ``current - snapshot`` and returns fresh values (one round trip)."""
+        return self._push(current, loss, pull=True)
+
+    def _push(self, current: Mapping[str, np.ndarray], loss: float | None, pull: bool) -> dict[str, np.ndarray] | None:
         if not self._snapshot:
-            raise PSRejectedError("sync() before initialize(): the worker has no snapshot to diff against.")
+            raise PSRejectedError("push before initialize(): the worker has no snapshot to diff against.")
         start = time.perf_counter()
         deltas = {k: np.subtract(np.asarray(current[k]), self._snapshot[k]) for k in self._snapshot}
         parts = self._split(deltas)
-        requests = {
-            ps: ({"worker": self.worker_id, "clock": self.clock, "keys": self.plan.keys_on(ps)}, parts[ps])
-            for ps in range(self.plan.num_ps)
-        }
-        replies = self.client.call_many("PushPull", requests)
+        meta = {"worker": self.worker_id, "clock": self.clock + 1}
+        if loss is not None:
+            meta["loss"] = float(loss)
+        requests = {ps: ({**meta, "keys": self.plan.keys_on(ps)}, parts[ps]) for ps in range(self.plan.num_ps)}
+        replies = self.client.call_many("PushPull" if pull else "Push", requests)
         self.stats["bytes_pushed"] += sum(d.nbytes for d in deltas.values())
-        values = self._absorb(replies)
         self.clock += 1
         self.stats["syncs"] += 1
+        if pull:
+            values = self._absorb(replies)
+        else:
+            self._snapshot = {k: np.array(current[k], copy=True) for k in self._snapshot}
+            self._note(replies)
+            values = None
         self.stats["sync_seconds"] += time.perf_counter() - start
         return values
+
+    def _note(self, replies) -> None:
+        """Hook: subclasses read clock information from replies."""
+        metas = [replies[i][0] for i in range(self.plan.num_ps)]
+        self.global_step = max(m.get("global_step", 0) for m in metas)
 
     def _absorb(self, replies) -> dict[str, np.ndarray]:
         self.version = [replies[i][0]["version"] for i in range(self.plan.num_ps)]
         values = self._join({ps: tensors for ps, (_, tensors) in replies.items()})
         self.stats["bytes_pulled"] += sum(v.nbytes for v in values.values())
         self._snapshot = values
+        self._note(replies)
         return values
 
     def status(self) -> list[dict]:
@@ -216,3 +254,145 @@ class WorkerSession:
             except Exception as e:
                 logger.debug("could not send Done: %s", e)
         self.client.close()
+
+
+class UpdateSession(WorkerSession):
+    """The update path with SSP clocks: ASP, SSP(s) and DTSSP.
+
+    ``clock`` counts completed steps. Before step ``clock + 1`` starts,
+    :meth:`begin` refreshes the cache only if the SSP read guarantee needs it
+    (the PS then makes the read wait while this worker is more than ``s``
+    clocks ahead of the slowest live worker); :meth:`end` pushes the step's
+    update. ASP (``refresh_every_step``) pulls with every push instead.
+    """
+
+    def __init__(self, *args, staleness: float = float("inf"), refresh_every_step: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.staleness = staleness
+        self.refresh_every_step = refresh_every_step
+        self.cache_min_clock = 0
+        self.min_clock = 0
+        self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0})
+
+    def _note(self, replies) -> None:
+        super()._note(replies)
+        metas = [replies[i][0] for i in range(self.plan.num_ps)]
+        mins = [m["min_clock"] for m in metas if "min_clock" in m]
+        if mins:
+            self.min_clock = min(mins)
+        if metas and "staleness" in metas[0]:  # DTSSP moves it; every PS task runs the same rule
+            bounds = [m["staleness"] for m in metas]
+            self.staleness = float("inf") if None in bounds else min(bounds)
+
+    def needs_refresh(self) -> bool:
+        """Whether starting the next clock requires a fresher cache."""
+        return not cache_is_fresh_enough(self.clock + 1, self.cache_min_clock, self.staleness)
+
+    def begin(self) -> dict[str, np.ndarray] | None:
+        """Makes the cache fit to start clock ``clock + 1``; returns new values or None."""
+        if self.refresh_every_step or not self.needs_refresh():
+            return None
+        start = time.perf_counter()
+        values = self.pull(clock=self.clock + 1)
+        waited = time.perf_counter() - start
+        self.cache_min_clock = self.min_clock
+        self.stats["refreshes"] += 1
+        if self.clock + 1 - self.min_clock > self.staleness or waited > 0.05:
+            self.stats["waits"] += 1
+        self.stats["wait_seconds"] += waited
+        return values
+
+    def end(self, current: Mapping[str, np.ndarray], loss: float | None = None) -> dict[str, np.ndarray] | None:
+        """Pushes the step's update; returns fresh values when it also pulled."""
+        values = self._push(current, loss, pull=self.refresh_every_step)
+        if values is not None:
+            self.cache_min_clock = self.min_clock
+            self.stats["refreshes"] += 1
+        return values
+
+
+class GradientSession(WorkerSession):
+    """The gradient path: BSP and SyncReplicas (first M of N).
+
+    ``global_step`` is the step whose gradient this worker computes next.
+    :meth:`exchange` pushes the gradient to every PS task in parallel and
+    returns the step's aggregate (the same bytes every worker gets); a
+    dropped gradient still returns the aggregate when the PS kept it.
+    :meth:`begin` reloads the full state snapshot (weights, optimizer slots,
+    counters) when this worker has fallen behind; :meth:`end` uploads the
+    snapshot when this worker completed a step on some PS task.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.known_global_step = 0
+        self._write_state_on: list[int] = []
+        self.stats.update({"steps": 0, "dropped": 0, "resyncs": 0, "waits": 0, "wait_seconds": 0.0,
+                           "state_writes": 0})
+
+    def initialize(self, local_values):
+        values = super().initialize(local_values)
+        if values is not None:  # joined a running job: continue from its state
+            self.known_global_step = self.global_step
+        return values
+
+    def _note(self, replies) -> None:
+        metas = [replies[i][0] for i in range(self.plan.num_ps)]
+        steps = [m["state_step"] for m in metas if "state_step" in m]
+        if steps:  # a state pull: continue from the snapshot's step
+            self.global_step = min(steps)
+        self.known_global_step = max([self.known_global_step] + [m.get("global_step", 0) for m in metas])
+
+    def begin(self) -> dict[str, np.ndarray] | None:
+        """Reloads the state snapshot if other workers have moved on."""
+        if self.known_global_step <= self.global_step:
+            return None
+        values = self.pull(min_state_step=self.known_global_step)
+        self.stats["resyncs"] += 1
+        return values
+
+    def exchange(self, grads: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Pushes gradients for ``global_step``; returns that step's aggregate."""
+        start = time.perf_counter()
+        parts = self._split({k: np.asarray(v) for k, v in grads.items()})
+        step = self.global_step
+        replies = self.client.call_many(
+            "PushGradients",
+            {ps: ({"worker": self.worker_id, "step": step}, parts[ps]) for ps in range(self.plan.num_ps)},
+        )
+        metas = {ps: meta for ps, (meta, _) in replies.items()}
+        self.stats["bytes_pushed"] += sum(g.nbytes for g in grads.values())
+        dropped = any(m["dropped"] for m in metas.values())
+        resync = any(m["resync"] for m in metas.values())
+        self.stats["dropped"] += int(dropped)
+        self.known_global_step = max([self.known_global_step] + [m["global_step"] for m in metas.values()])
+        found = {k: v for _, tensors in replies.values() for k, v in tensors.items()}
+        aggregate = {}
+        for key, grad in grads.items():
+            shards = self.plan.shards_of(key)
+            if resync or any(s.key not in found for s in shards):
+                aggregate[key] = np.zeros_like(grad)  # the state reload at the next step overwrites its effect
+            elif len(shards) == 1 and shards[0].rows is None:
+                aggregate[key] = found[shards[0].key]
+            else:
+                aggregate[key] = np.concatenate([found[s.key] for s in shards], axis=0)
+        if resync:
+            self.known_global_step = max(self.known_global_step, step + 1)
+        self._write_state_on = [ps for ps, m in metas.items() if m.get("write_state")]
+        self.global_step = step + 1
+        self.stats["steps"] += 1
+        self.stats["wait_seconds"] += time.perf_counter() - start
+        self.stats["bytes_pulled"] += sum(a.nbytes for a in aggregate.values())
+        return aggregate
+
+    def end(self, state: Mapping[str, np.ndarray]) -> None:
+        """Uploads this worker's state where it completed the step."""
+        if not self._write_state_on:
+            return
+        parts = self._split({k: np.asarray(v) for k, v in state.items()})
+        self.client.call_many(
+            "PutState",
+            {ps: ({"worker": self.worker_id, "step": self.global_step}, parts[ps]) for ps in self._write_state_on},
+        )
+        self.stats["state_writes"] += 1
+        self._write_state_on = []

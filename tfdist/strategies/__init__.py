@@ -1,5 +1,19 @@
 """tf.distribute strategies for Keras 3."""
 
-from tfdist.strategies.parameter_server import ParameterServerStrategy, default_variable_filter
+from tfdist.strategies.parameter_server import (
+    BSPStrategy,
+    DTSSPStrategy,
+    ParameterServerStrategy,
+    SSPStrategy,
+    SyncReplicasStrategy,
+    default_variable_filter,
+)
 
-__all__ = ["ParameterServerStrategy", "default_variable_filter"]
+__all__ = [
+    "BSPStrategy",
+    "DTSSPStrategy",
+    "ParameterServerStrategy",
+    "SSPStrategy",
+    "SyncReplicasStrategy",
+    "default_variable_filter",
+]

@@ -18,6 +18,7 @@ its own batch at the optimizer's full learning rate (TF1 async semantics).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import secrets
@@ -33,7 +34,8 @@ from tfdist.config import ClusterConfig, JobConfig, TaskSpec, load_config, parse
 from tfdist.errors import ClusterError, ConfigError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
-from tfdist.ps.session import WorkerSession
+from tfdist.consistency import ConsistencyPolicy, policy_from_spec
+from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.strategies._tf_compat import OneDeviceExtended, StrategyBase
 
 __all__ = ["ParameterServerStrategy"]
@@ -41,15 +43,18 @@ __all__ = ["ParameterServerStrategy"]
 logger = logging.getLogger(__name__)
 
 _PS_AGGREGATIONS = (tf.VariableAggregation.NONE, tf.VariableAggregation.MEAN)
+_OPTIMIZER_AGGREGATION = tf.VariableAggregation.ONLY_FIRST_REPLICA
 
 
 def default_variable_filter(name: str, kwargs: Mapping[str, Any]) -> bool:
-    """True for variables that belong on the parameter servers.
+    """True for model variables, which belong on the parameter servers.
 
     Model weights and non-trainable layer state (BatchNorm moving statistics)
     go to the PS. Optimizer slots (created with ``colocate_with``), optimizer
     counters and learning rates (``ONLY_FIRST_REPLICA``), metric accumulators
-    (``SUM``), random-seed state and integer variables stay local.
+    (``SUM``), random-seed state and integer variables are not model
+    variables (on the gradient path the optimizer's variables also go to the
+    PS, as part of the state snapshot; see :func:`_is_optimizer_variable`).
     """
     if kwargs.get("colocate_with") is not None:
         return False
@@ -61,18 +66,36 @@ def default_variable_filter(name: str, kwargs: Mapping[str, Any]) -> bool:
     return True
 
 
+def _is_optimizer_variable(name: str, kwargs: Mapping[str, Any]) -> bool:
+    """Optimizer slots, step counter and learning rate (not metrics, not seeds)."""
+    if "seed_generator" in name:
+        return False
+    return kwargs.get("colocate_with") is not None or kwargs.get("aggregation") == _OPTIMIZER_AGGREGATION
+
+
+def _numpy_dtype_name(dtype: tf.DType) -> str:
+    return "bfloat16" if dtype == tf.bfloat16 else np.dtype(dtype.as_numpy_dtype).name
+
+
 class _Runtime:
     """Per-process state shared by the strategy and its extended object."""
 
-    def __init__(self, config: JobConfig, task: TaskSpec, token: str | None, variable_filter):
+    def __init__(self, config: JobConfig, task: TaskSpec, token: str | None, variable_filter, policy_spec: dict):
         self.config = config
         self.task = task
         self.token = token
         self.variable_filter = variable_filter
+        self.policy_spec = policy_spec
+        policy = policy_from_spec(policy_spec, config.cluster.num_workers)
+        self.path = policy.path
+        self.refresh_every_step = bool(getattr(policy, "refresh_every_step", False))
+        self.staleness = getattr(policy, "staleness", None)
+        self.num_replicas = policy.replicas_to_aggregate if self.path == "gradient" else 1
         self.worker_id = config.cluster.worker_id(task.job, task.index) if task.job in ("chief", "worker") else -1
         self.is_chief = self.worker_id == 0
         self.variables: list[tf.Variable] = []
         self.specs: list[VariableSpec] = []
+        self._keys_by_var: dict[int, str] = {}
         self.session: WorkerSession | None = None
         self.plan: PlacementPlan | None = None
         self.late_variables: list[str] = []
@@ -80,9 +103,14 @@ class _Runtime:
         self._closed = False
 
     # -------------------------------------------------------------- variables
-    def register(self, var: tf.Variable) -> None:
+    def wants(self, name: str, kwargs: Mapping[str, Any]) -> bool:
+        if self.variable_filter(name, kwargs):
+            return True
+        return self.path == "gradient" and _is_optimizer_variable(name, kwargs)
+
+    def register(self, var: tf.Variable, model_variable: bool) -> None:
         name = var.name.split(":")[0]
-        if not var.dtype.is_floating:
+        if model_variable and not var.dtype.is_floating:
             return
         if self.session is not None:
             self.late_variables.append(name)
@@ -94,7 +122,12 @@ class _Runtime:
             return
         key = f"{len(self.variables):04d}/{name}"
         self.variables.append(var)
-        self.specs.append(VariableSpec(key, var.dtype.as_numpy_dtype.__name__ if var.dtype != tf.bfloat16 else "bfloat16", tuple(var.shape.as_list())))
+        self._keys_by_var[id(var)] = key
+        trainable = bool(var.trainable) and model_variable
+        self.specs.append(VariableSpec(key, _numpy_dtype_name(var.dtype), tuple(var.shape.as_list()), trainable))
+
+    def key_of(self, var) -> str | None:
+        return self._keys_by_var.get(id(var))
 
     def make_plan(self) -> PlacementPlan:
         placement = make_placement(self.config.ps.placement, self.config.ps.partition_threshold_bytes)
@@ -107,11 +140,12 @@ class _Runtime:
                 return self.session
             self.plan = self.make_plan()
             logger.info(
-                "worker %d: %d variables on %d PS task(s), placement=%s:\n%s",
+                "worker %d: %d variables on %d PS task(s), placement=%s, consistency=%s:\n%s",
                 self.worker_id,
                 len(self.specs),
                 self.plan.num_ps,
                 self.config.ps.placement,
+                self.policy_spec,
                 self.plan.describe(self.specs),
             )
             client = PSClient(
@@ -121,15 +155,22 @@ class _Runtime:
                 max_message_bytes=self.config.ps.max_message_bytes,
                 tls_ca=self.config.security.tls_ca,
             )
-            session = WorkerSession(
-                client,
-                self.specs,
-                self.plan,
-                self.worker_id,
-                self.is_chief,
+            common = dict(
                 startup_timeout_s=self.config.ps.startup_timeout_s,
                 heartbeat_interval_s=self.config.ps.heartbeat_interval_s if self.worker_id >= 0 else None,
+                policy_spec=self.policy_spec,
+                num_workers=self.config.cluster.num_workers,
             )
+            args = (client, self.specs, self.plan, self.worker_id, self.is_chief)
+            if self.path == "gradient":
+                session = GradientSession(*args, **common)
+            else:
+                session = UpdateSession(
+                    *args,
+                    staleness=float("inf") if self.staleness is None else self.staleness,
+                    refresh_every_step=self.refresh_every_step,
+                    **common,
+                )
             local = {s.key: v.numpy() for s, v in zip(self.specs, self.variables)} if self.is_chief else {}
             values = session.initialize(local)
             if values is not None:
@@ -141,16 +182,47 @@ class _Runtime:
         for spec, var in zip(self.specs, self.variables):
             var.assign(values[spec.key])
 
-    def begin_step(self, training: bool) -> None:
-        session = self.ensure_session()
-        if not training:
-            self.assign(session.pull())
-
-    def end_train_step(self, current: list[np.ndarray]) -> list[np.ndarray]:
+    def _require_training_task(self) -> None:
         if self.worker_id < 0:
             raise ClusterError(f"Task {self.task} is not a training task: it may evaluate and predict, not fit.")
-        values = self.session.sync({s.key: v for s, v in zip(self.specs, current)})
+
+    def begin_step(self, training: bool) -> None:
+        session = self.ensure_session()
+        if not training or self.worker_id < 0:
+            if self.path == "update" or self.worker_id < 0:
+                self.assign(session.pull())
+                return
+        values = session.begin()
+        if values is not None:
+            self.assign(values)
+
+    def end_update_step(self, current: list[np.ndarray], loss: float | None) -> list[np.ndarray] | None:
+        self._require_training_task()
+        values = self.session.end({s.key: v for s, v in zip(self.specs, current)}, loss)
+        if values is None:
+            return None
         return [values[s.key] for s in self.specs]
+
+    def exchange_gradients(self, keys: list[str | None], grads: list[np.ndarray]) -> list[np.ndarray]:
+        self._require_training_task()
+        mapped = {k: g for k, g in zip(keys, grads) if k is not None}
+        if not mapped:
+            return grads
+        aggregate = self.session.exchange(mapped)
+        return [aggregate[k] if k is not None else g for k, g in zip(keys, grads)]
+
+    def end_gradient_step(self, current: list[np.ndarray]) -> None:
+        self.session.end({s.key: v for s, v in zip(self.specs, current)})
+
+    def step_stats(self) -> np.ndarray:
+        """``[step, dropped, waits, staleness or -1, refreshes or resyncs]`` for Keras logs."""
+        st = self.session.stats if self.session else {}
+        if self.path == "gradient":
+            step = self.session.global_step if self.session else 0
+            return np.array([step, st.get("dropped", 0), st.get("waits", 0), 0, st.get("resyncs", 0)], np.float32)
+        s = self.session.staleness if self.session else float("inf")
+        return np.array([self.session.clock if self.session else 0, 0, st.get("waits", 0),
+                         -1 if s == float("inf") else s, st.get("refreshes", 0)], np.float32)
 
     def close(self, done: bool = True) -> None:
         if self._closed:
@@ -160,6 +232,10 @@ class _Runtime:
             self.session.close(done=done and self.worker_id >= 0)
 
 
+#: Names of the per-step exchange counters added to Keras logs (History, TensorBoard).
+STAT_NAMES = ("ps_step", "ps_dropped", "ps_waits", "ps_staleness", "ps_refreshes")
+
+
 class ParameterServerExtended(OneDeviceExtended):
     """Hooks that route variables and steps through the parameter servers."""
 
@@ -167,21 +243,52 @@ class ParameterServerExtended(OneDeviceExtended):
         super().__init__(container_strategy, device)
         self._runtime = runtime
         self._tracing_training_step = False
+        # Gradient path, while a step traces: the keys list of the pending
+        # exchange and how many of its gradients _update has matched so far.
+        self._pending: tuple[list, list] | None = None
+
+    @property
+    def _num_replicas_in_sync(self):
+        return self._runtime.num_replicas
 
     def _create_variable(self, next_creator, **kwargs):
-        name = kwargs.get("name") or ""
-        on_ps = self._runtime.variable_filter(str(name), kwargs)
+        name = str(kwargs.get("name") or "")
+        model_variable = self._runtime.variable_filter(name, kwargs)
+        on_ps = self._runtime.wants(name, kwargs)
         var = super()._create_variable(next_creator, **kwargs)
         if on_ps:
-            self._runtime.register(var)
+            self._runtime.register(var, model_variable)
         return var
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         self._tracing_training_step = True
-        return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
+        runtime = self._runtime
+        if runtime.path != "gradient":
+            return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
+        dense = [tf.convert_to_tensor(v) for v, _ in value_destination_pairs]  # IndexedSlices travel dense
+        keys: list[str | None] = [None] * len(dense)  # filled while _update traces
+
+        def exchange(*grads):
+            return runtime.exchange_gradients(keys, [g.numpy() for g in grads])
+
+        out = tf.py_function(exchange, dense, [d.dtype for d in dense], name="tfdist_exchange_gradients")
+        out = [tf.ensure_shape(o, d.shape) for o, d in zip(out, dense)]
+        # TF wraps all-reduce results in a custom-gradient identity, so the
+        # tensors _update receives are not these: Keras applies the reduced
+        # gradients in list order, which is how _update matches them.
+        self._pending = (keys, [d.shape for d in dense])
+        return out
 
     def _update(self, var, fn, args, kwargs, group):
         self._tracing_training_step = True
+        if self._pending is not None and args:
+            keys, shapes = self._pending
+            i = next((j for j, k in enumerate(keys) if k is None), None)
+            if i is not None and shapes[i].is_compatible_with(var.shape):
+                keys[i] = self._runtime.key_of(var)
+            elif i is not None:
+                logger.warning("gradient %d (shape %s) does not match variable %s %s; it stays local",
+                               i, shapes[i], var.name, var.shape)
         return super()._update(var, fn, args, kwargs, group)
 
     def _call_for_each_replica(self, fn, args, kwargs):
@@ -196,16 +303,39 @@ class ParameterServerExtended(OneDeviceExtended):
         self._tracing_training_step = False
         with tf.control_dependencies([began]):
             result = super()._call_for_each_replica(fn, args, kwargs)
+        self._pending = None
         trace["training"] = self._tracing_training_step
-        if trace["training"] and runtime.variables:
-            current = [v.read_value() for v in runtime.variables]
+        if not (trace["training"] and runtime.variables):
+            return result
+        current = [v.read_value() for v in runtime.variables]
+        if runtime.path == "gradient":
+            def end(*tensors):
+                runtime.end_gradient_step([t.numpy() for t in tensors])
+                return runtime.step_stats()
+
+            stats = tf.py_function(end, current, tf.float32, name="tfdist_end_step")
+        else:
+            loss = result.get("loss") if isinstance(result, dict) else None
+            has_loss = loss is not None
+            inputs = current + [tf.cast(tf.reshape(loss, []), tf.float32) if has_loss else tf.constant(0.0)]
+            refresh = runtime.refresh_every_step
 
             def end(*tensors):
-                return runtime.end_train_step([t.numpy() for t in tensors])
+                values = runtime.end_update_step([t.numpy() for t in tensors[:-1]],
+                                                 float(tensors[-1].numpy()) if has_loss else None)
+                return (values if refresh else []) + [runtime.step_stats()]
 
-            fresh = tf.py_function(end, current, [v.dtype for v in runtime.variables], name="tfdist_sync")
-            for var, value in zip(runtime.variables, fresh):
-                var.assign(tf.ensure_shape(value, var.shape))
+            dtypes = ([v.dtype for v in runtime.variables] if refresh else []) + [tf.float32]
+            outs = tf.py_function(end, inputs, dtypes, name="tfdist_sync")
+            if refresh:
+                for var, value in zip(runtime.variables, outs[:-1]):
+                    var.assign(tf.ensure_shape(value, var.shape))
+            stats = outs[-1]
+        if isinstance(result, dict):
+            result = dict(result)
+            stats = tf.ensure_shape(stats, [len(STAT_NAMES)])
+            for i, name in enumerate(STAT_NAMES):
+                result[name] = stats[i]
         return result
 
 
@@ -272,7 +402,10 @@ class ParameterServerStrategy(StrategyBase):
             Defaults to ``TF_CONFIG``'s task.
         config: A :class:`tfdist.JobConfig`, a mapping, or a YAML path.
             Defaults to ``TFDIST_CONFIG`` (set by the launcher), else defaults.
-        consistency: Overrides ``strategy.consistency``. Only ``"async"`` so far.
+        consistency: Overrides ``strategy.consistency``: a mode name
+            (``"async"``, ``"bsp"``, ``"sync_replicas"``, ``"ssp"``,
+            ``"dtssp"``; parameters from the config), or a policy object such
+            as ``tfdist.consistency.SSP(3)``.
         placement: Overrides ``ps.placement`` (``"round_robin"``/``"greedy"``).
         partition_threshold_bytes: Overrides ``ps.partition_threshold_bytes``.
         token: The job token. Defaults to ``security.token`` or the
@@ -288,15 +421,15 @@ class ParameterServerStrategy(StrategyBase):
         *,
         task: str | TaskSpec | None = None,
         config: JobConfig | Mapping | str | None = None,
-        consistency: str | None = None,
+        consistency: str | ConsistencyPolicy | Mapping | None = None,
         placement: str | None = None,
         partition_threshold_bytes: int | None = None,
         token: str | None = None,
         variable_filter: Callable[[str, Mapping[str, Any]], bool] | None = None,
     ):
         config, task = _resolve(cluster, task, config)
-        if consistency is not None:
-            config.strategy = type(config.strategy)(consistency=consistency)
+        if isinstance(consistency, str):
+            config.strategy = dataclasses.replace(config.strategy, consistency=consistency)
         if placement is not None:
             config.ps.placement = placement
         if partition_threshold_bytes is not None:
@@ -313,26 +446,39 @@ class ParameterServerStrategy(StrategyBase):
                 f"No job token: set the environment variable {config.security.token_env} to the same "
                 "value on every task (tfdist.launch does this for local jobs), or pass token=..."
             )
-        self._runtime = _Runtime(config, task, token, variable_filter or default_variable_filter)
+        if isinstance(consistency, ConsistencyPolicy):
+            policy_spec = consistency.spec()
+        elif isinstance(consistency, Mapping):
+            policy_spec = dict(consistency)
+        else:
+            policy_spec = config.strategy.policy_spec(config.cluster.num_workers)
+        m = policy_spec.get("replicas_to_aggregate")
+        if m is not None and m > config.cluster.num_workers:
+            raise ConfigError(
+                f"replicas_to_aggregate={m} exceeds the job's {config.cluster.num_workers} worker(s); "
+                "accumulating gradients across steps is not supported. Use at most the number of workers."
+            )
+        policy_from_spec(policy_spec, config.cluster.num_workers)  # validates
+        self._runtime = _Runtime(config, task, token, variable_filter or default_variable_filter, policy_spec)
         super().__init__(ParameterServerExtended(self, self._runtime))
         atexit.register(self.shutdown)
         logger.info(
-            "ParameterServerStrategy: task=%s worker_id=%d workers=%d ps=%s consistency=%s placement=%s",
+            "%s: task=%s worker_id=%d workers=%d ps=%s consistency=%s placement=%s",
+            type(self).__name__,
             task,
             self._runtime.worker_id,
             config.cluster.num_workers,
             config.cluster.ps,
-            config.strategy.consistency,
+            policy_spec,
             config.ps.placement,
         )
 
     # ------------------------------------------------------------- set-up
     def _start_in_process_ps(self, config: JobConfig) -> tuple[TaskSpec, str]:
-        from tfdist.consistency import make_policy
         from tfdist.ps.server import PSServer
 
         token = secrets.token_hex(16)
-        self._local_server = PSServer(make_policy(config.strategy.consistency), token=token, num_workers=1).start()
+        self._local_server = PSServer(None, token=token, num_workers=1).start()
         config.cluster = ClusterConfig(worker=[UNUSED_WORKER_ADDRESS], ps=[self._local_server.address])
         logger.info("no cluster given: training as one worker with an in-process parameter server at %s",
                     self._local_server.address)
@@ -385,6 +531,15 @@ class ParameterServerStrategy(StrategyBase):
         return self._runtime.ensure_session().status()
 
     @property
+    def consistency(self) -> dict:
+        """The consistency policy spec this worker runs (same on every worker)."""
+        return dict(self._runtime.policy_spec)
+
+    def staleness_changes(self) -> list[dict]:
+        """DTSSP: every evaluation of the LPR rule on PS task 0 (window, LPR, old/new bound)."""
+        return list((self.ps_status()[0].get("policy") or {}).get("changes", []))
+
+    @property
     def sync_stats(self) -> dict:
         """This worker's exchange counters (syncs, pulls, bytes, seconds)."""
         return dict(self._runtime.session.stats) if self._runtime.session else {}
@@ -403,3 +558,80 @@ class ParameterServerStrategy(StrategyBase):
 
 #: Placeholder address of the single worker in in-process mode (never dialled).
 UNUSED_WORKER_ADDRESS = "127.0.0.1:1"
+
+
+class SyncReplicasStrategy(ParameterServerStrategy):
+    """TF1 ``SyncReplicasOptimizer`` for Keras 3: each step uses the first M of N gradients.
+
+    Each global step sums the first ``replicas_to_aggregate`` gradients that
+    arrive *for that step* (Keras divides every loss by
+    ``num_replicas_in_sync = M``, so the sum is their mean); every worker —
+    including one whose gradient came too late and was dropped — applies the
+    same aggregate with its own optimizer, so all workers and their optimizer
+    slots stay identical. A worker that falls further behind reloads the
+    state snapshot (weights, optimizer slots, step counter) before its next
+    step. ``N - M`` backup workers absorb stragglers; dead workers are never
+    waited for.
+
+    Example:
+
+    ```python
+    strategy = tfdist.SyncReplicasStrategy(replicas_to_aggregate=3)   # 4 workers: 1 backup
+    ```
+
+    Args:
+        replicas_to_aggregate: ``M``. Defaults to the number of workers (BSP).
+        **kwargs: As for :class:`ParameterServerStrategy`.
+    """
+
+    def __init__(self, replicas_to_aggregate: int | None = None, **kwargs):
+        config, task = _resolve(kwargs.pop("cluster", None), kwargs.pop("task", None), kwargs.pop("config", None))
+        config.strategy = dataclasses.replace(config.strategy, consistency="sync_replicas",
+                                              replicas_to_aggregate=replicas_to_aggregate)
+        super().__init__(config=config, task=task, **kwargs)
+
+
+class BSPStrategy(ParameterServerStrategy):
+    """Bulk synchronous training: every live worker's gradient, every step.
+
+    With plain SGD (and in fact any optimizer) N workers end with the same
+    weights, to float tolerance, as one process training on their
+    concatenated batches. Same arguments as :class:`ParameterServerStrategy`.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(consistency="bsp", **kwargs)
+
+
+class SSPStrategy(ParameterServerStrategy):
+    """Stale synchronous parallel training with bound ``staleness``.
+
+    A worker at clock ``c`` never starts while it is more than ``s`` clocks
+    ahead of the slowest live worker; it refreshes its cache only when the SSP
+    read guarantee requires it. Each worker applies its own full-rate update
+    (``num_replicas_in_sync = 1``), as in asynchronous training.
+
+    Args:
+        staleness: The bound ``s`` >= 0. Defaults to 3.
+        **kwargs: As for :class:`ParameterServerStrategy`.
+    """
+
+    def __init__(self, staleness: int = 3, **kwargs):
+        super().__init__(consistency={"policy": "ssp", "staleness": staleness, "refresh_every_step": False}, **kwargs)
+
+
+class DTSSPStrategy(ParameterServerStrategy):
+    """SSP whose bound adapts to learning progress (DTSSP, DESIGN.md §4.2).
+
+    Args:
+        min_staleness: Lower bound and start. Defaults to 3.
+        max_staleness: Upper bound. Defaults to 10.
+        window: Global clocks per loss window. Defaults to 10.
+        delta: Dead band of the learning-progress ratio. Defaults to 0.01.
+        **kwargs: As for :class:`ParameterServerStrategy`.
+    """
+
+    def __init__(self, min_staleness: int = 3, max_staleness: int = 10, window: int = 10, delta: float = 0.01,
+                 **kwargs):
+        super().__init__(consistency={"policy": "dtssp", "min_staleness": min_staleness,
+                                      "max_staleness": max_staleness, "window": window, "delta": delta}, **kwargs)

@@ -1,0 +1,88 @@
+"""SSP: stale synchronous parallel (Ho et al., NIPS 2013); ASP is SSP(∞).
+
+Let ``c_i`` be worker i's clock (completed steps). Worker i may *start* clock
+``c`` only if ``c - min_j c_j <= s`` over live workers. A read at clock ``c``
+is guaranteed to include every update from clocks ``<= c - s - 1`` of all
+workers, and all of the reader's own (read-my-writes: workers apply their own
+updates locally at once). A worker refreshes its cache only when that
+guarantee would otherwise break (:func:`cache_is_fresh_enough`), so SSP pulls
+less often than ASP, which refreshes every step.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tfdist.consistency.base import ConsistencyPolicy, PolicyContext, PullDecision, PushAction, PushDecision
+
+__all__ = ["SSPPolicy", "AsyncPolicy", "cache_is_fresh_enough", "min_clock"]
+
+
+def min_clock(clocks: dict[int, int], live: frozenset[int] | set[int]) -> int:
+    """Smallest clock among live workers (workers never heard of count as 0)."""
+    if not live:
+        return min(clocks.values(), default=0)
+    return min(clocks.get(w, 0) for w in live)
+
+
+def cache_is_fresh_enough(clock: int, cache_min_clock: int, staleness: float) -> bool:
+    """Whether a cache pulled when every worker had completed ``cache_min_clock``
+    steps may serve a read at ``clock`` (it must hold all updates from clocks
+    ``<= clock - staleness - 1``, i.e. every worker must have completed
+    ``clock - staleness`` steps)."""
+    return math.isinf(staleness) or cache_min_clock >= clock - staleness
+
+
+class SSPPolicy(ConsistencyPolicy):
+    """Bounded staleness ``s``: a worker at clock ``c`` waits while ``c - min clock > s``.
+
+    Args:
+        staleness: The bound ``s`` >= 0, or ``math.inf`` for ASP.
+        refresh_every_step: Pull fresh values after every step even when the
+            bound does not require it (ASP's behaviour). Defaults to ``False``.
+    """
+
+    name = "ssp"
+
+    def __init__(self, staleness: float = 3, refresh_every_step: bool = False):
+        if not (math.isinf(staleness) or (float(staleness).is_integer() and staleness >= 0)):
+            raise ValueError(f"staleness must be an integer >= 0 or math.inf. Received: staleness={staleness!r}.")
+        self.staleness = staleness
+        self.refresh_every_step = refresh_every_step
+        self.clocks: dict[int, int] = {}
+
+    def min_clock(self, ctx: PolicyContext) -> int:
+        return min_clock(self.clocks, ctx.live)
+
+    def on_push(self, worker: int, clock: int, ctx: PolicyContext) -> PushDecision:
+        return PushDecision(PushAction.APPLY)
+
+    def on_pull(self, worker: int, clock: int, ctx: PolicyContext) -> PullDecision:
+        if math.isinf(self.staleness):
+            return PullDecision(False)
+        lag = clock - self.min_clock(ctx)
+        if lag > self.staleness:
+            return PullDecision(True, f"clock {clock} is {lag} ahead of the slowest live worker (bound {self.staleness:g})")
+        return PullDecision(False)
+
+    def on_applied(self, worker: int, clock: int, ctx: PolicyContext, loss: float | None = None) -> None:
+        self.clocks[worker] = max(self.clocks.get(worker, 0), clock)
+
+    def spec(self) -> dict:
+        s = None if math.isinf(self.staleness) else int(self.staleness)
+        return {"policy": self.name, "staleness": s, "refresh_every_step": self.refresh_every_step}
+
+    def describe(self) -> dict:
+        return {**self.spec(), "clocks": {str(k): v for k, v in sorted(self.clocks.items())}}
+
+
+class AsyncPolicy(SSPPolicy):
+    """ASP: SSP with an infinite bound that refreshes the cache every step."""
+
+    name = "async"
+
+    def __init__(self):
+        super().__init__(math.inf, refresh_every_step=True)
+
+    def spec(self) -> dict:
+        return {"policy": self.name}
