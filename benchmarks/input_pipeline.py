@@ -79,29 +79,39 @@ def read_shard(path) -> "iter":
 # -- 1. local -------------------------------------------------------------------------
 
 
-def consume(ds) -> tuple[int, float]:
-    start = time.perf_counter()
+def consume(ds) -> int:
     n = 0
     for _, y in ds:
         n += int(y.shape[0])
-    return n, time.perf_counter() - start
+    return n
 
 
-def run_queue(paths: list[str], threads: int) -> tuple[int, float]:
+class Timer:
+    """Wall time and this process's CPU time (all threads) of a block."""
+
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = time.process_time() - self.cpu
+
+
+def run_queue(paths: list[str], threads: int) -> tuple[int, Timer]:
     import tfdist.data as td
 
     queue = td.RandomShuffleQueue(capacity=SHUFFLE, min_after_dequeue=SHUFFLE // 5, seed=0)
     runner = td.QueueRunner(
         queue, [functools.partial(read_shard, p) for p in paths], num_threads=threads, enqueue_many=True
     )
-    with td.Coordinator() as coord:
-        start = time.perf_counter()
+    with td.Coordinator() as coord, Timer() as timer:
         runner.start(coord)
-        n, _ = consume(queue.as_dataset(batch_size=BATCH, prefetch=2))
-        return n, time.perf_counter() - start
+        n = consume(queue.as_dataset(batch_size=BATCH, prefetch=2))
+    return n, timer
 
 
-def run_tf_data_equivalent(paths: list[str], threads: int) -> tuple[int, float]:
+def run_tf_data_equivalent(paths: list[str], threads: int) -> tuple[int, Timer]:
     import tensorflow as tf
 
     sig = (
@@ -120,12 +130,12 @@ def run_tf_data_equivalent(paths: list[str], threads: int) -> tuple[int, float]:
         .batch(BATCH)
         .prefetch(2)
     )
-    start = time.perf_counter()
-    n, _ = consume(ds)
-    return n, time.perf_counter() - start
+    with Timer() as timer:
+        n = consume(ds)
+    return n, timer
 
 
-def run_tf_data_native(paths: list[str], threads: int) -> tuple[int, float]:
+def run_tf_data_native(paths: list[str], threads: int) -> tuple[int, Timer]:
     import tensorflow as tf
 
     def parse(raw):
@@ -142,9 +152,9 @@ def run_tf_data_native(paths: list[str], threads: int) -> tuple[int, float]:
         .batch(BATCH)
         .prefetch(2)
     )
-    start = time.perf_counter()
-    n, _ = consume(ds)
-    return n, time.perf_counter() - start
+    with Timer() as timer:
+        n = consume(ds)
+    return n, timer
 
 
 def bench_local(paths: list[str], repeats: int, threads: int) -> dict:
@@ -159,18 +169,28 @@ def bench_local(paths: list[str], repeats: int, threads: int) -> dict:
     for name, fn in runs.items():
         fn(paths[:1], threads)  # warm-up
     rates = {name: [] for name in runs}
+    cpu = {name: [] for name in runs}
     for _ in range(repeats):  # interleave the runs so machine noise hits all of them
         for name, fn in runs.items():
-            n, seconds = fn(paths, threads)
-            rates[name].append(n / seconds)
+            n, timer = fn(paths, threads)
+            rates[name].append(n / timer.wall)
+            cpu[name].append(1000 * timer.cpu / n * 1000)
     for name, values in rates.items():
         results[name] = {
             "examples_per_s_median": round(statistics.median(values)),
             "examples_per_s_runs": [round(v) for v in values],
+            # CPU time of this process per 1,000 examples: less sensitive to
+            # other load on a shared machine than wall-clock rates
+            "cpu_ms_per_1k_examples_median": round(statistics.median(cpu[name]), 1),
         }
     results["ratio_queue_vs_tf_data_equivalent"] = round(
         results["queue_dataset"]["examples_per_s_median"]
         / results["tf_data_equivalent"]["examples_per_s_median"],
+        3,
+    )
+    results["cpu_ratio_tf_data_equivalent_vs_queue"] = round(
+        results["tf_data_equivalent"]["cpu_ms_per_1k_examples_median"]
+        / results["queue_dataset"]["cpu_ms_per_1k_examples_median"],
         3,
     )
     results["ratio_queue_vs_tf_data_native_decode"] = round(

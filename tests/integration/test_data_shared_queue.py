@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -109,10 +110,17 @@ def consumer(start, address, *extra):
     return start(["-m", "tfdist.data.queue_consumer", "--address", address, "--report", "id", *extra])
 
 
-def id_producer(n, chunk=10):
-    """Server producer f(epoch): examples with a unique "id" per epoch."""
+def id_producer(n, chunk=10, gate=None):
+    """Server producer f(epoch): examples with a unique "id" per epoch.
+
+    With ``gate`` (a threading.Event, or one per epoch), production waits
+    for it, so that workers started at different times all take part.
+    """
 
     def produce(epoch):
+        if gate is not None:
+            event = gate[epoch] if isinstance(gate, list) else gate
+            assert event.wait(T), f"epoch {epoch} was never released"
         for lo in range(0, n, chunk):
             ids = np.arange(lo, min(n, lo + chunk), dtype=np.int64)
             yield {"x": np.repeat(ids[:, None], 3, 1).astype(np.float32), "id": ids}
@@ -136,10 +144,14 @@ class Audit:
         return sorted(counts) == list(range(n)) and set(counts.values()) == {1}
 
 
-def served(audit, n, num_epochs=1, worker_timeout_s=10.0, capacity=64):
+def served(audit, n, num_epochs=1, worker_timeout_s=10.0, capacity=64, gate=None):
+    queue = RandomShuffleQueue(
+        capacity=capacity, min_after_dequeue=8, dtypes=["float32", "int64"], shapes=[[3], []],
+        names=["x", "id"], seed=0,
+    )  # declared, so workers can connect before the first element exists
     return SharedQueueServer(
-        RandomShuffleQueue(capacity=capacity, min_after_dequeue=8, seed=0),
-        producers=[id_producer(n)],
+        queue,
+        producers=[id_producer(n, gate=gate)],
         num_epochs=num_epochs,
         enqueue_many=True,
         token=TOKEN,
@@ -148,16 +160,26 @@ def served(audit, n, num_epochs=1, worker_timeout_s=10.0, capacity=64):
     )
 
 
+def release_when_waiting(server, gate, workers, epoch=0):
+    """Opens ``gate`` once ``workers`` workers wait for ``epoch`` (bounded)."""
+    deadline = time.monotonic() + T
+    while sum(w["epoch"] == epoch for w in server.stats()["workers"].values()) < workers:
+        assert time.monotonic() < deadline, f"workers: {server.stats()['workers']}"
+        time.sleep(0.01)  # polls real state; bounded by T
+    gate.set()
+
+
 def batch_ids(events):
     return [i for e in events if e["event"] == "batch" for i in e["values"]]
 
 
 def test_a_3x_slower_worker_takes_fewer_batches_and_nothing_is_lost(children):
-    audit = Audit()
+    audit, gate = Audit(), threading.Event()
     n = 600
-    with served(audit, n) as server:
+    with served(audit, n, gate=gate) as server:
         fast = consumer(children, server.address, "--batch-size", "10", "--delay-s", "0.02", "--worker", "fast")
         slow = consumer(children, server.address, "--batch-size", "10", "--delay-s", "0.06", "--worker", "slow")
+        release_when_waiting(server, gate, 2)
         fast_events, slow_events = fast.events(), slow.events()
         stats = server.stats()
     fast_ids, slow_ids = batch_ids(fast_events), batch_ids(slow_events)
@@ -187,13 +209,15 @@ def test_a_killed_worker_s_unacknowledged_batch_is_redelivered_exactly_once(chil
 
 
 def test_every_worker_sees_every_epoch_end_then_the_end_of_data(children):
-    audit = Audit()
+    audit, gates = Audit(), [threading.Event(), threading.Event()]
     n = 120
-    with served(audit, n, num_epochs=2) as server:
+    with served(audit, n, num_epochs=2, gate=gates) as server:
         workers = [
             consumer(children, server.address, "--batch-size", "8", "--epochs", "3", "--delay-s", "0.005")
             for _ in range(2)
         ]
+        release_when_waiting(server, gates[0], 2, epoch=0)
+        release_when_waiting(server, gates[1], 2, epoch=1)  # both saw epoch 0 end
         events = [w.events() for w in workers]
     for ev in events:
         ends = [e for e in ev if e["event"] == "epoch_end"]

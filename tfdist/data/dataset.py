@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tfdist.data.element_spec import ElementSpec
 
-__all__ = ["dataset_from_batches", "tensor_specs"]
+__all__ = ["dataset_from_blocks", "tensor_specs"]
 
 
 def tensor_specs(spec: ElementSpec, batch_size: int | None, drop_remainder: bool):
@@ -27,23 +27,26 @@ def tensor_specs(spec: ElementSpec, batch_size: int | None, drop_remainder: bool
     return spec.pack(specs)
 
 
-def dataset_from_batches(
-    make_batches: Callable[[], Iterator[list]],
+def dataset_from_blocks(
+    make_blocks: Callable[[], Iterator[list]],
     spec: ElementSpec,
     *,
     batch_size: int | None,
     drop_remainder: bool,
     prefetch: int | None = None,
 ) -> tf.data.Dataset:
-    """Builds a dataset over the batches of ``make_batches()``.
+    """Builds a dataset over blocks of batches from ``make_blocks()``.
 
     Args:
-        make_batches: called once per iteration of the dataset; returns an
-            iterator of batches, each a list of numpy arrays (components in
-            ``spec`` order). It may raise: the dataset's iterator then raises
-            (tf.data wraps the error and keeps its traceback in the message).
+        make_blocks: called once per iteration of the dataset; returns an
+            iterator of blocks, each a list of numpy arrays (components in
+            ``spec`` order) whose first dimension counts batches (or, when
+            ``batch_size`` is ``None``, elements). The dataset yields the
+            block's batches in order: one Python call per block. It may
+            raise: the dataset's iterator then raises (tf.data wraps the
+            error and keeps its traceback in the message).
         spec: element structure.
-        batch_size: leading dimension (``None``: unbatched elements).
+        batch_size: leading dimension of a batch (``None``: unbatched elements).
         drop_remainder: the leading dimension is exactly ``batch_size``.
         prefetch: ``prefetch`` buffer to add. Defaults to ``None`` (none).
 
@@ -52,12 +55,15 @@ def dataset_from_batches(
     """
 
     def generate():
-        for batch in make_batches():
-            yield spec.pack(batch)
+        for block in make_blocks():
+            yield spec.pack(block)
 
-    ds = tf.data.Dataset.from_generator(
-        generate, output_signature=tensor_specs(spec, batch_size, drop_remainder)
+    element = tensor_specs(spec, batch_size, drop_remainder)
+    block = tf.nest.map_structure(
+        lambda s: tf.TensorSpec(shape=None if s.shape.rank is None else [None] + s.shape.as_list(), dtype=s.dtype),
+        element,
     )
+    ds = tf.data.Dataset.from_generator(generate, output_signature=block).unbatch()
     if prefetch:
         ds = ds.prefetch(prefetch)
     return ds

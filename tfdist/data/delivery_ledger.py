@@ -58,6 +58,7 @@ class _WorkerStats:
     acked_batches: int = 0
     acked_examples: int = 0
     late_acks: int = 0
+    epoch: int | None = None  # the epoch it last asked for
     leases: set = dataclasses.field(default_factory=set)
 
 
@@ -306,14 +307,17 @@ class DeliveryLedger:
         """
         deadline = time.monotonic() + timeout
         with self._lock:
-            self._seen_locked(worker)
+            w = self._seen_locked(worker)
             e = self._resolve_epoch_locked(epoch, after)
             if e is None:
                 return Reply("end", None)
+            w.epoch = e
             while True:
                 if self._error is not None:
                     raise SharedQueueError(self._error)
-                if e in self._finished or (self._last_epoch is not None and e > self._last_epoch):
+                if self._last_epoch is not None and e > self._last_epoch:
+                    return Reply("end", None)  # no such epoch: the data has ended
+                if e in self._finished:
                     return Reply("end", e)
                 ep = self._epoch_locked(e)
                 if ep.redeliver:
@@ -408,6 +412,7 @@ class DeliveryLedger:
                 "workers": {
                     name: {
                         "alive": w.alive,
+                        "epoch": w.epoch,
                         "delivered_batches": w.delivered_batches,
                         "delivered_examples": w.delivered_examples,
                         "acked_batches": w.acked_batches,

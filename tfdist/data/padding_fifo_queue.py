@@ -32,6 +32,8 @@ class PaddingFIFOQueue(FIFOQueue):
         [[1, 2, 3], [4, 0, 0]]
     """
 
+    _block_batches = 1  # pads per dequeue: as_dataset takes one batch at a time
+
     def __init__(self, capacity, dtypes=None, shapes=None, names=None, name=None):
         super().__init__(capacity, dtypes, shapes, names, name)
         if self._spec is None or any(s is None for s in self._spec.shapes):

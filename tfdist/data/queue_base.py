@@ -108,6 +108,7 @@ class QueueBase:
         self._cancelled = False
         self._abort_error: BaseException | None = None
         self._num_enqueued = 0
+        self._pending_enqueues = 0  # enqueuers waiting for room (for tests/stats)
         #: Called (without the lock) after elements went in; the shared-queue
         #: service uses it to wake dequeuers that wait on its own condition.
         self._on_put: Callable[[], None] | None = None
@@ -290,7 +291,12 @@ class QueueBase:
                         f"close(cancel_pending_enqueues=True) after {done} of "
                         f"{len(rows)} elements."
                     )
-                if not self._wait(self._not_full, deadline):
+                self._pending_enqueues += 1
+                try:
+                    waited = self._wait(self._not_full, deadline)
+                finally:
+                    self._pending_enqueues -= 1
+                if not waited:
                     raise QueueTimeoutError(
                         f"Enqueue into {self._name} timed out: the queue stayed "
                         f"full ({self._capacity} elements) for {timeout} s; "
@@ -354,7 +360,11 @@ class QueueBase:
         batch = self._stack(self._take(n, allow_smaller=True, timeout=timeout))
         return self._spec.pack(batch)
 
-    def _take(self, n: int, allow_smaller: bool, timeout: float | None) -> list:
+    def _take(
+        self, n: int, allow_smaller: bool, timeout: float | None, up_to: int | None = None
+    ) -> list:
+        """Removes ``n`` rows (or, with ``up_to``, as many whole multiples of
+        ``n`` as are available now, at most ``up_to``)."""
         if not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"n must be a positive integer. Received: n={n!r}.")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -362,8 +372,10 @@ class QueueBase:
             while True:
                 if self._abort_error is not None:
                     raise self._abort_error
-                if self._available() >= n:
-                    rows = self._store_take(n)
+                available = self._available()
+                if available >= n:
+                    k = n if up_to is None else max(n, min(available, up_to) // n * n)
+                    rows = self._store_take(k)
                     self._not_full.notify_all()
                     return rows
                 if self._closed:
@@ -443,13 +455,17 @@ class QueueBase:
             prefetch: ``Dataset.prefetch`` buffer to add. Defaults to ``None``
                 (none; add your own, elements in it are already dequeued).
 
+        Whole batches already in the queue are dequeued together (up to 4
+        batches, or 256 elements unbatched) to save Python calls; like a
+        prefetch buffer, they are then out of the queue.
+
         Example:
             >>> q = FIFOQueue(100, ["float32", "int64"], shapes=[[4], []])
             >>> q.enqueue_many((np.ones((10, 4)), np.arange(10))); q.close()
             >>> [int(x.shape[0]) for x, y in q.as_dataset(batch_size=4)]
             [4, 4, 2]
         """
-        from tfdist.data.dataset import dataset_from_batches
+        from tfdist.data.dataset import dataset_from_blocks
 
         spec = self.wait_for_element_spec()
         n = 1 if batch_size is None else batch_size
@@ -458,32 +474,44 @@ class QueueBase:
                 f"batch_size must be a positive integer or None. Received: batch_size={batch_size!r}."
             )
 
-        def make_batches():
-            while True:
-                batch = self._next_batch(
-                    n, allow_smaller=not drop_remainder, timeout=timeout, unbatch=batch_size is None
-                )
-                if batch is None:
-                    return
-                yield batch
+        # Whole batches that are already there are taken together: one Python
+        # call per block instead of per batch (tf.data then splits the block).
+        # A padding queue pads per dequeue, so it takes one batch (or element).
+        if batch_size is None:
+            up_to = 256 if self._block_batches > 1 else 1
+        else:
+            up_to = n * self._block_batches
 
-        return dataset_from_batches(
-            make_batches,
+        def make_blocks():
+            while True:
+                block = self._next_block(n, not drop_remainder, timeout, up_to)
+                if block is None:
+                    return
+                yield block
+
+        return dataset_from_blocks(
+            make_blocks,
             spec,
             batch_size=batch_size,
             drop_remainder=drop_remainder,
             prefetch=prefetch,
         )
 
-    def _next_batch(self, n: int, allow_smaller: bool, timeout: float | None, unbatch: bool):
-        """One batch as a list of arrays, or ``None`` at the end of data."""
+    #: Most whole batches ``as_dataset`` takes in one go when they are available.
+    _block_batches = 4
+
+    def _next_block(self, n: int, allow_smaller: bool, timeout: float | None, up_to: int):
+        """A block of k batches as arrays shaped ``(k, n, ...)``; ``None`` at the end.
+
+        With ``n == 1`` (unbatched) the block is ``(k, ...)``.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             # Wait in slices so that interpreter exit (which closes every
             # queue) or an abort is seen within a second.
             slice_s = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
             try:
-                rows = self._take(n, allow_smaller=allow_smaller, timeout=slice_s)
+                rows = self._take(n, allow_smaller=allow_smaller, timeout=slice_s, up_to=up_to)
             except QueueClosedError:
                 return None
             except QueueTimeoutError:
@@ -494,7 +522,11 @@ class QueueBase:
                         "(QueueRunner.start) or raise the timeout."
                     ) from None
                 continue
-            return rows[0] if unbatch else self._stack(rows)
+            if n == 1:
+                return self._stack(rows)
+            if len(rows) < n:  # the last, smaller batch
+                return [a[None] for a in self._stack(rows)]
+            return [a.reshape((len(rows) // n, n) + a.shape[1:]) for a in self._stack(rows)]
 
     def __repr__(self) -> str:
         return (

@@ -296,9 +296,11 @@ class SharedQueueServer:
                     t.join(0.5)
             if coord.should_stop():
                 return
-            self._ledger.end_epoch()
             epoch += 1
-        self._ledger.close()
+            if self._num_epochs is not None and epoch == self._num_epochs:
+                break
+            self._ledger.end_epoch()
+        self._ledger.close()  # ends the last epoch and the data together
 
     # -- RPC plumbing --------------------------------------------------------------
 

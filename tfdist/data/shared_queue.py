@@ -266,12 +266,17 @@ class SharedQueue:
             >>> ds = SharedQueue(address).as_dataset(batch_size=64)
             >>> model.fit(ds, epochs=3)   # every worker sees 3 epochs end together
         """
-        from tfdist.data.dataset import dataset_from_batches
+        from tfdist.data.dataset import dataset_from_blocks
 
         spec = self.element_spec()
         n = int(batch_size)
-        return dataset_from_batches(
-            lambda: self.batch_arrays(n),
+
+        def make_blocks():
+            for arrays in self.batch_arrays(n):
+                yield [a[None] for a in arrays]  # a block of one batch
+
+        return dataset_from_blocks(
+            make_blocks,
             spec,
             batch_size=n,
             drop_remainder=False,

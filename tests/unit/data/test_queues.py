@@ -1,6 +1,7 @@
 """FIFO, random-shuffle and padding queues: TF1 semantics, with timeouts."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,14 @@ from tfdist.data import (
 from tfdist.errors import ConfigError
 
 T = 5.0  # bound of every wait that should succeed
+
+
+def wait_until_blocked(q, n=1):
+    """Waits (bounded) until n enqueuers are blocked on the full queue."""
+    deadline = time.monotonic() + T
+    while q._pending_enqueues < n:
+        assert time.monotonic() < deadline, "the enqueue never blocked"
+        time.sleep(0.001)  # polls real state; bounded by T
 
 
 def test_fifo_order_enqueue_many_and_dequeue_many():
@@ -83,6 +92,7 @@ def test_close_cancels_pending_enqueues_only_when_asked():
 
     t = threading.Thread(target=blocked_enqueue)
     t.start()
+    wait_until_blocked(q)
     q.close(cancel_pending_enqueues=True)
     t.join(T)
     assert not t.is_alive() and isinstance(errors[0], QueueClosedError)
@@ -91,6 +101,7 @@ def test_close_cancels_pending_enqueues_only_when_asked():
     q2.enqueue(0)
     t = threading.Thread(target=q2.enqueue, args=(1,), kwargs={"timeout": T})
     t.start()
+    wait_until_blocked(q2)
     q2.close()  # the pending enqueue still completes as room appears
     assert q2.dequeue(timeout=T) == 0
     t.join(T)
