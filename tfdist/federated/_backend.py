@@ -105,9 +105,22 @@ def _parent_alive(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
 
 
-def _train_worker_main(name, spec, task_q, inbox, parent_pid, poll_s):
+def _get_spec(q, parent_pid, poll_s):
+    # The spec (model, data) comes through the queue, not as a Process argument:
+    # CPython writes Process arguments into a pipe that blocks forever once the
+    # payload exceeds the pipe buffer and the child died during start-up.
+    while True:
+        try:
+            return q.get(timeout=poll_s)
+        except queue.Empty:
+            if not _parent_alive(parent_pid):
+                raise SystemExit(0)
+
+
+def _train_worker_main(name, task_q, inbox, parent_pid, poll_s):
     """Algorithm 2 (train worker): take a client, train it, return the weights."""
     try:
+        spec = _get_spec(task_q, parent_pid, poll_s)
         limit_tf_threads(spec.threads)
         runner = _TrainRunner(spec)
         inbox.put(("ready", name, None))
@@ -128,9 +141,10 @@ def _train_worker_main(name, spec, task_q, inbox, parent_pid, poll_s):
         raise SystemExit(1)
 
 
-def _test_worker_main(name, spec, test_q, inbox, parent_pid, poll_s):
+def _test_worker_main(name, test_q, inbox, parent_pid, poll_s):
     """Algorithm 3 (test worker): evaluate the snapshots the main process sends."""
     try:
+        spec = _get_spec(test_q, parent_pid, poll_s)
         limit_tf_threads(spec.threads)
         evaluator = _Evaluator(spec)
         inbox.put(("ready", name, None))
@@ -236,14 +250,16 @@ class ProcessBackend:
                 name = f"train-worker-{i}"
                 self.busy_s[name] = 0.0
                 p = ctx.Process(target=_train_worker_main, name=name, daemon=True,
-                                args=(name, self._spec, self._task_q, self._inbox, pid, self._poll_s))
+                                args=(name, self._task_q, self._inbox, pid, self._poll_s))
                 p.start()
                 self._procs.append(p)
+                self._task_q.put(self._spec)  # each worker takes exactly one spec before any task
             if self._evaluate:
                 p = ctx.Process(target=_test_worker_main, name="test-worker", daemon=True,
-                                args=("test-worker", self._spec, self._test_q, self._inbox, pid, self._poll_s))
+                                args=("test-worker", self._test_q, self._inbox, pid, self._poll_s))
                 p.start()
                 self._procs.append(p)
+                self._test_q.put(self._spec)
             ready: set = set()
             deadline = time.monotonic() + self.start_timeout_s
             while len(ready) < len(self._procs):
@@ -331,7 +347,10 @@ class ProcessBackend:
                         break
                 raise WorkerCrashedError(
                     f"{p.name} (pid {p.pid}) died with exit code {p.exitcode} without reporting an error "
-                    "(killed, out of memory, or a crash in native code). The simulation was stopped.",
+                    "(killed, out of memory, a crash in native code, or a failure while starting). "
+                    "The simulation was stopped. If its log says 'An attempt has been made to start a new "
+                    "process before the current process has finished its bootstrapping phase', put the code "
+                    "of your script under `if __name__ == \"__main__\":`.",
                     worker=p.name,
                 )
 
