@@ -484,7 +484,7 @@ class QueueBase:
 
         def make_blocks():
             while True:
-                block = self._next_block(n, not drop_remainder, timeout, up_to)
+                block = self._next_block(n, not drop_remainder, timeout, up_to, batch_size is None)
                 if block is None:
                     return
                 yield block
@@ -500,10 +500,12 @@ class QueueBase:
     #: Most whole batches ``as_dataset`` takes in one go when they are available.
     _block_batches = 4
 
-    def _next_block(self, n: int, allow_smaller: bool, timeout: float | None, up_to: int):
+    def _next_block(
+        self, n: int, allow_smaller: bool, timeout: float | None, up_to: int, unbatched: bool
+    ):
         """A block of k batches as arrays shaped ``(k, n, ...)``; ``None`` at the end.
 
-        With ``n == 1`` (unbatched) the block is ``(k, ...)``.
+        ``unbatched``: a block of k elements, ``(k, ...)`` (then ``n == 1``).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -522,7 +524,7 @@ class QueueBase:
                         "(QueueRunner.start) or raise the timeout."
                     ) from None
                 continue
-            if n == 1:
+            if unbatched:
                 return self._stack(rows)
             if len(rows) < n:  # the last, smaller batch
                 return [a[None] for a in self._stack(rows)]

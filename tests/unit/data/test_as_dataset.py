@@ -56,6 +56,13 @@ def test_batches_end_with_a_smaller_final_batch_or_drop_it():
     assert [y.numpy().tolist() for _, y in ds] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
+def test_batch_size_one_keeps_the_batch_dimension():
+    q = FIFOQueue(10, "int64", shapes=[])
+    q.enqueue_many(np.arange(3))
+    q.close()
+    assert [b.numpy().tolist() for b in q.as_dataset(batch_size=1)] == [[0], [1], [2]]
+
+
 def test_unbatched_dict_and_padded_elements():
     q = FIFOQueue(10, ["float32", "int64"], shapes=[[2], []], names=["x", "y"])
     q.enqueue({"x": [1, 2], "y": 3})
