@@ -353,12 +353,16 @@ class LaunchConfig:
         job_timeout_s: Stop the whole job after this many seconds. Defaults to
             ``None`` (no limit).
         env: Extra environment variables for every task.
+        slowdown: Tasks to slow down on purpose (experiments), e.g.
+            ``{"worker:2": {"factor": 3, "schedule": "first_half",
+            "steps_per_epoch": 40}}``; see ``tfdist.testing.Slowdown``.
     """
 
     log_all_tasks: bool = False
     log_dir: str | None = None
     job_timeout_s: float | None = None
     env: dict[str, str] = field(default_factory=dict)
+    slowdown: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.job_timeout_s is not None and (not isinstance(self.job_timeout_s, (int, float)) or self.job_timeout_s <= 0):
@@ -366,6 +370,16 @@ class LaunchConfig:
         if not isinstance(self.env, dict) or not all(isinstance(k, str) for k in self.env):
             raise _fail("launch.env", self.env, "Give a mapping of variable names to values.")
         self.env = {k: str(v) for k, v in self.env.items()}
+        if not isinstance(self.slowdown, dict):
+            raise _fail("launch.slowdown", self.slowdown, 'Map tasks to settings, e.g. {"worker:1": {"factor": 3}}.')
+        for task, spec in self.slowdown.items():
+            parse_task(task)
+            from tfdist.testing.slowdown import Slowdown
+
+            try:
+                Slowdown(**spec)
+            except (TypeError, ValueError) as e:
+                raise _fail(f"launch.slowdown.{task}", spec, str(e)) from None
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,8 @@ def task_environment(config: JobConfig, task: TaskSpec, token: str, base: dict[s
     public["security"]["token"] = None  # the token travels only in its own variable
     env[constants.ENV_CONFIG] = json.dumps(public)
     env[config.security.token_env] = token
+    if config.launch.slowdown:
+        env["TFDIST_SLOWDOWN"] = json.dumps(config.launch.slowdown)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env

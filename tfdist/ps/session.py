@@ -273,6 +273,8 @@ class UpdateSession(WorkerSession):
         self.cache_min_clock = 0
         self.min_clock = 0
         self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0})
+        #: ``(clock started, min clock the cache is guaranteed to include)`` per step, for audits.
+        self.starts: list[tuple[int, int]] = []
 
     def _note(self, replies) -> None:
         super()._note(replies)
@@ -291,13 +293,15 @@ class UpdateSession(WorkerSession):
     def begin(self) -> dict[str, np.ndarray] | None:
         """Makes the cache fit to start clock ``clock + 1``; returns new values or None."""
         if self.refresh_every_step or not self.needs_refresh():
+            self.starts.append((self.clock + 1, self.cache_min_clock))
             return None
         start = time.perf_counter()
         values = self.pull(clock=self.clock + 1)
         waited = time.perf_counter() - start
         self.cache_min_clock = self.min_clock
+        self.starts.append((self.clock + 1, self.cache_min_clock))
         self.stats["refreshes"] += 1
-        if self.clock + 1 - self.min_clock > self.staleness or waited > 0.05:
+        if waited > 0.05:
             self.stats["waits"] += 1
         self.stats["wait_seconds"] += waited
         return values
@@ -327,6 +331,7 @@ class GradientSession(WorkerSession):
         super().__init__(*args, **kwargs)
         self.known_global_step = 0
         self._write_state_on: list[int] = []
+        self._resync_at_end = False
         self.stats.update({"steps": 0, "dropped": 0, "resyncs": 0, "waits": 0, "wait_seconds": 0.0,
                            "state_writes": 0})
 
@@ -371,13 +376,14 @@ class GradientSession(WorkerSession):
         for key, grad in grads.items():
             shards = self.plan.shards_of(key)
             if resync or any(s.key not in found for s in shards):
-                aggregate[key] = np.zeros_like(grad)  # the state reload at the next step overwrites its effect
+                aggregate[key] = np.zeros_like(grad)  # end() reloads the state right after it is applied
             elif len(shards) == 1 and shards[0].rows is None:
                 aggregate[key] = found[shards[0].key]
             else:
                 aggregate[key] = np.concatenate([found[s.key] for s in shards], axis=0)
         if resync:
             self.known_global_step = max(self.known_global_step, step + 1)
+            self._resync_at_end = True
         self._write_state_on = [ps for ps, m in metas.items() if m.get("write_state")]
         self.global_step = step + 1
         self.stats["steps"] += 1
@@ -385,10 +391,22 @@ class GradientSession(WorkerSession):
         self.stats["bytes_pulled"] += sum(a.nbytes for a in aggregate.values())
         return aggregate
 
-    def end(self, state: Mapping[str, np.ndarray]) -> None:
-        """Uploads this worker's state where it completed the step."""
+    def end(self, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """Finishes a step: uploads this worker's state where it completed the step.
+
+        Returns:
+            The state snapshot to load instead, when this step's aggregate was
+            no longer available (the worker was too far behind): the step's
+            update is then replaced by the job's current state.
+        """
+        if self._resync_at_end:
+            self._resync_at_end = False
+            self._write_state_on = []
+            values = self.pull(min_state_step=self.known_global_step)
+            self.stats["resyncs"] += 1
+            return values
         if not self._write_state_on:
-            return
+            return None
         parts = self._split({k: np.asarray(v) for k, v in state.items()})
         self.client.call_many(
             "PutState",
@@ -396,3 +414,4 @@ class GradientSession(WorkerSession):
         )
         self.stats["state_writes"] += 1
         self._write_state_on = []
+        return None

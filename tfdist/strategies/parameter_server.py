@@ -37,6 +37,7 @@ from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.consistency import ConsistencyPolicy, policy_from_spec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.strategies._tf_compat import OneDeviceExtended, StrategyBase
+from tfdist.testing.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
 
 __all__ = ["ParameterServerStrategy"]
 
@@ -101,6 +102,10 @@ class _Runtime:
         self.late_variables: list[str] = []
         self._lock = threading.Lock()
         self._closed = False
+        slowdown = slowdown_from_env(str(task))
+        self.slowdown = StepSlowdown(slowdown) if slowdown else None
+        if slowdown:
+            logger.warning("task %s is slowed down on purpose (%s): %s", task, ENV_SLOWDOWN, slowdown)
 
     # -------------------------------------------------------------- variables
     def wants(self, name: str, kwargs: Mapping[str, Any]) -> bool:
@@ -187,6 +192,8 @@ class _Runtime:
             raise ClusterError(f"Task {self.task} is not a training task: it may evaluate and predict, not fit.")
 
     def begin_step(self, training: bool) -> None:
+        if training and self.slowdown is not None:
+            self.slowdown.at_step_start()
         session = self.ensure_session()
         if not training or self.worker_id < 0:
             if self.path == "update" or self.worker_id < 0:
@@ -212,7 +219,9 @@ class _Runtime:
         return [aggregate[k] if k is not None else g for k, g in zip(keys, grads)]
 
     def end_gradient_step(self, current: list[np.ndarray]) -> None:
-        self.session.end({s.key: v for s, v in zip(self.specs, current)})
+        values = self.session.end({s.key: v for s, v in zip(self.specs, current)})
+        if values is not None:  # too far behind: load the job's state instead of this step's result
+            self.assign(values)
 
     def step_stats(self) -> np.ndarray:
         """``[step, dropped, waits, staleness or -1, refreshes or resyncs]`` for Keras logs."""

@@ -25,10 +25,26 @@ from tfdist.cluster.local import LocalJob
 from tfdist.config import ClusterConfig, JobConfig, TaskSpec, parse_task
 from tfdist.ps.client import PSClient
 
-__all__ = ["LocalCluster", "ENV_INJECT_DELAY_S"]
+__all__ = ["LocalCluster", "Slowdown", "SlowdownCallback", "ENV_SLOWDOWN", "slowdown_env"]
 
-#: Environment variable the test scripts of tfdist read to slow a worker down.
-ENV_INJECT_DELAY_S = "TFDIST_INJECT_DELAY_S"
+
+def __getattr__(name):  # the Keras callback imports keras; load it only when asked
+    if name in ("Slowdown", "SlowdownCallback", "ENV_SLOWDOWN", "slowdown_from_env"):
+        from tfdist.testing import slowdown
+
+        return getattr(slowdown, name)
+    raise AttributeError(name)
+
+
+def slowdown_env(slowdowns: dict[str, dict]) -> dict[str, str]:
+    """Environment that makes tfdist strategies slow the given tasks down.
+
+    Example: ``LocalCluster(env={"worker:1": slowdown_env({"worker:1": {"factor": 3}})})``
+    or pass it as every task's environment.
+    """
+    import json
+
+    return {"TFDIST_SLOWDOWN": json.dumps(slowdowns)}
 
 
 class LocalCluster:
@@ -40,7 +56,8 @@ class LocalCluster:
         chief: Add a chief task (worker id 0).
         config: Base :class:`JobConfig` (its cluster is replaced).
         log_dir: Per-task logs. Defaults to a fresh temporary directory.
-        env: Extra environment per task, e.g. ``{"worker:1": {ENV_INJECT_DELAY_S: "0.05"}}``.
+        env: Extra environment per task, e.g.
+            ``{"worker:1": slowdown_env({"worker:1": {"factor": 3}})}``.
         forward: Also print task output to stdout. Defaults to ``False``.
     """
 
