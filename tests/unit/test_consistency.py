@@ -31,7 +31,7 @@ def test_ssp_waits_exactly_when_ahead_by_more_than_s():
     for w, c in ((0, 5), (1, 3), (2, 4)):
         p.on_applied(w, c, live)
     assert p.min_clock(live) == 3
-    assert not p.on_pull(0, 5, live).wait  # 5 - 3 = 2 <= 2
+    assert not p.on_pull(0, 5, live).wait  # 5 - 3 = 2 <= 2 (clock = completed steps)
     d = p.on_pull(0, 6, live)
     assert d.wait and "3 ahead" in d.reason
     # the slow worker dies: it no longer holds the others back

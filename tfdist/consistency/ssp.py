@@ -1,8 +1,10 @@
 """SSP: stale synchronous parallel (Ho et al., NIPS 2013); ASP is SSP(∞).
 
-Let ``c_i`` be worker i's clock (completed steps). Worker i may *start* clock
-``c`` only if ``c - min_j c_j <= s`` over live workers. A read at clock ``c``
-is guaranteed to include every update from clocks ``<= c - s - 1`` of all
+Let ``c_i`` be worker i's clock: its completed steps, which is also the
+0-based index of the step it is about to start; an update made in step ``k``
+is "from clock ``k``". Worker i may *start* clock ``c`` only if
+``c - min_j c_j <= s`` over live workers. A read at clock ``c`` is then
+guaranteed to include every update from clocks ``<= c - s - 1`` of all
 workers, and all of the reader's own (read-my-writes: workers apply their own
 updates locally at once). A worker refreshes its cache only when that
 guarantee would otherwise break (:func:`cache_is_fresh_enough`), so SSP pulls
@@ -29,7 +31,7 @@ def cache_is_fresh_enough(clock: int, cache_min_clock: int, staleness: float) ->
     """Whether a cache pulled when every worker had completed ``cache_min_clock``
     steps may serve a read at ``clock`` (it must hold all updates from clocks
     ``<= clock - staleness - 1``, i.e. every worker must have completed
-    ``clock - staleness`` steps)."""
+    ``clock - staleness`` steps)."""  # noqa: D401
     return math.isinf(staleness) or cache_min_clock >= clock - staleness
 
 

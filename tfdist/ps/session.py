@@ -259,8 +259,9 @@ class WorkerSession:
 class UpdateSession(WorkerSession):
     """The update path with SSP clocks: ASP, SSP(s) and DTSSP.
 
-    ``clock`` counts completed steps. Before step ``clock + 1`` starts,
-    :meth:`begin` refreshes the cache only if the SSP read guarantee needs it
+    ``clock`` counts completed steps, which is also the (0-based) index of
+    the step about to start. Before step ``clock`` starts, :meth:`begin`
+    refreshes the cache only if the SSP read guarantee needs it
     (the PS then makes the read wait while this worker is more than ``s``
     clocks ahead of the slowest live worker); :meth:`end` pushes the step's
     update. ASP (``refresh_every_step``) pulls with every push instead.
@@ -287,19 +288,19 @@ class UpdateSession(WorkerSession):
             self.staleness = float("inf") if None in bounds else min(bounds)
 
     def needs_refresh(self) -> bool:
-        """Whether starting the next clock requires a fresher cache."""
-        return not cache_is_fresh_enough(self.clock + 1, self.cache_min_clock, self.staleness)
+        """Whether starting step ``clock`` requires a fresher cache."""
+        return not cache_is_fresh_enough(self.clock, self.cache_min_clock, self.staleness)
 
     def begin(self) -> dict[str, np.ndarray] | None:
-        """Makes the cache fit to start clock ``clock + 1``; returns new values or None."""
+        """Makes the cache fit to start step ``clock``; returns new values or None."""
         if self.refresh_every_step or not self.needs_refresh():
-            self.starts.append((self.clock + 1, self.cache_min_clock))
+            self.starts.append((self.clock, self.cache_min_clock))
             return None
         start = time.perf_counter()
-        values = self.pull(clock=self.clock + 1)
+        values = self.pull(clock=self.clock)
         waited = time.perf_counter() - start
         self.cache_min_clock = self.min_clock
-        self.starts.append((self.clock + 1, self.cache_min_clock))
+        self.starts.append((self.clock, self.cache_min_clock))
         self.stats["refreshes"] += 1
         if waited > 0.05:
             self.stats["waits"] += 1
