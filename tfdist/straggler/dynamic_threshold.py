@@ -216,6 +216,11 @@ class DynamicThresholdDetector:
         return self._epoch
 
     @property
+    def step(self) -> int:
+        """Iterations observed over the whole run (the next iteration's ``step``)."""
+        return self._step
+
+    @property
     def iteration(self) -> int:
         """Iterations observed in the current epoch."""
         return self._iteration

@@ -14,7 +14,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EventKind", "DetectorName", "StragglerEvent", "IterationVerdict", "EwmaVerdict", "EpochSummary"]
+__all__ = ["json_ready", "EventKind", "DetectorName", "StragglerEvent", "IterationVerdict", "EwmaVerdict", "EpochSummary"]
+
+
+def json_ready(value: Any) -> Any:
+    """A JSON-friendly copy of ``value``: NaN/inf become ``None``, enums their value, sets sorted lists."""
+    return _clean(value)
 
 
 class EventKind(str, enum.Enum):

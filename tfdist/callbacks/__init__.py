@@ -1,0 +1,5 @@
+"""Keras callbacks of tfdist."""
+
+from tfdist.callbacks.straggler_detector import StragglerDetector
+
+__all__ = ["StragglerDetector"]

@@ -1,0 +1,105 @@
+"""The only module of ``tfdist.collective`` that touches private TensorFlow API.
+
+To be merged with ``tfdist/strategies/_tf_compat.py`` (STYLE habit 7: one
+importer of ``tensorflow.python.*``). Checked on TF 2.21 (CPU), two and three
+independent processes (DESIGN.md §1):
+
+* ``context.configure_collective_ops(collective_leader, device_filters=(own task,))``,
+  ``context.configure_coordination_service("standalone", ...)`` and
+  ``context.enable_collective_ops(server_def)`` must run before the process
+  runs any TF op; ``ensure_initialized()`` then starts the task's gRPC server
+  on its port and (with the coordination service) waits until every task has
+  registered, up to ``cluster_register_timeout``.
+* ``server_def.default_session_config`` must be a copy of ``context.config``:
+  that is what carries the coordination-service settings (a fresh
+  ``ConfigProto`` silently runs without the service).
+* A peer that dies makes pending and later collectives fail with
+  ``UnavailableError`` (socket closed / connection refused / "tasks are
+  unhealthy (stopped sending heartbeats)" from the coordination service); a
+  peer that hangs makes them fail with ``DeadlineExceededError`` after
+  ``timeout_seconds``. After either, TF aborts the process's collective
+  executor: every later collective fails too ("Restart your program to reset").
+* No process is killed by TF when a peer dies, with or without the service.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Mapping, Sequence
+
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.core.protobuf import cluster_pb2, tensorflow_server_pb2
+from tensorflow.python.eager import context
+
+__all__ = ["context_initialized", "enable_collective_group"]
+
+
+def context_initialized() -> bool:
+    """Whether this process already created its TF eager context (ran an op)."""
+    return context.context()._context_handle is not None  # pylint: disable=protected-access
+
+
+def enable_collective_group(
+    jobs: Mapping[str, Sequence[str]],
+    job: str,
+    index: int,
+    leader: str,
+    *,
+    coordination_service: bool,
+    register_timeout_ms: int,
+    heartbeat_timeout_ms: int,
+    shutdown_barrier_timeout_ms: int,
+) -> list[str]:
+    """Makes this process task ``/job:{job}/task:{index}`` of a collective group.
+
+    Args:
+        jobs: ``{job: [host:port, ...]}`` of the group's tasks.
+        job: This task's job.
+        index: This task's index in ``jobs[job]``.
+        leader: Device string of the group leader, e.g. ``/job:chief/replica:0/task:0``.
+        coordination_service: Also run TF's standalone coordination service
+            (hosted by the leader): registration barrier, heart-beats, and an
+            error naming a dead task.
+        register_timeout_ms: How long start-up waits for every task to register.
+        heartbeat_timeout_ms: A task silent this long is reported unhealthy.
+        shutdown_barrier_timeout_ms: How long exit waits for the other tasks.
+
+    Returns:
+        The devices this process sees after set-up.
+    """
+    ctx = context.context()
+    ctx.configure_collective_ops(
+        collective_leader=leader,
+        scoped_allocator_enabled_ops=("CollectiveReduce",),
+        device_filters=(f"/job:{job}/task:{index}",),
+    )
+    if coordination_service and ctx.coordination_service is None:
+        ctx.configure_coordination_service(
+            "standalone",
+            service_leader=leader,
+            cluster_register_timeout_in_ms=register_timeout_ms,
+            heartbeat_timeout_in_ms=heartbeat_timeout_ms,
+            shutdown_barrier_timeout_in_ms=shutdown_barrier_timeout_ms,
+            coordinated_jobs=[
+                coordination_config_pb2.CoordinatedJob(name=name, num_tasks=len(addrs))
+                for name, addrs in jobs.items()
+            ],
+        )
+    cluster_def = cluster_pb2.ClusterDef()
+    for name, addrs in jobs.items():
+        job_def = cluster_def.job.add()
+        job_def.name = name
+        for i, addr in enumerate(addrs):
+            job_def.tasks[i] = addr
+    port = int(jobs[job][index].rpartition(":")[2])
+    server_def = tensorflow_server_pb2.ServerDef(
+        cluster=cluster_def,
+        default_session_config=copy.deepcopy(ctx.config),
+        job_name=job,
+        task_index=index,
+        protocol="grpc",
+        port=port,
+    )
+    ctx.enable_collective_ops(server_def)
+    ctx.ensure_initialized()
+    return list(ctx.devices())
