@@ -211,6 +211,21 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
         """Called when the timing exchange failed (a peer died or hung). Override to act."""
 
     @property
+    def stragglers(self) -> frozenset[int]:
+        """Workers the dynamic-threshold rule classifies as stragglers now (same on every worker)."""
+        return self.threshold_detector.stragglers if self.threshold_detector else frozenset()
+
+    @property
+    def persistent_stragglers(self) -> frozenset[int]:
+        """Workers the EWMA rule classifies as persistent stragglers now."""
+        return self.ewma_detector.stragglers if self.ewma_detector else frozenset()
+
+    def excluded(self) -> frozenset[int]:
+        """Workers a strategy may leave out of the next iteration (stragglers, except during the
+        first ``profile_iterations`` of an epoch, when everyone takes part so recovery is seen)."""
+        return self.threshold_detector.excluded() if self.threshold_detector and self.active else frozenset()
+
+    @property
     def active(self) -> bool:
         """Whether detection is running (``False`` after a failed exchange)."""
         return not self._disabled

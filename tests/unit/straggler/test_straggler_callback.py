@@ -102,6 +102,8 @@ def test_exchange_every_batches_times():
     fit(det, epochs=1)
     assert group.calls == STEPS // 4
     assert [(e.worker, e.step) for e in det.history.detections()] == [(1, 10)]
+    assert det.stragglers == frozenset({1}) and det.excluded() == frozenset({1})
+    assert det.persistent_stragglers == frozenset()
 
 
 def test_warmup_iterations_are_not_exchanged():
