@@ -1,0 +1,126 @@
+"""The federated simulator's process pool: same results as in-process, crashes stop it cleanly."""
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfdist import federated as fl
+
+pytestmark = pytest.mark.integration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _resource_tracker():
+    """Starts multiprocessing's resource tracker (one per interpreter, lives until
+    pytest exits) before the per-test leak check takes its snapshot."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
+@pytest.fixture
+def no_children_left():
+    """Fails (after killing them) if a test leaves multiprocessing children alive."""
+    yield
+    alive = mp.active_children()
+    for p in alive:
+        p.kill()
+        p.join(5)
+    assert not alive, f"children left running: {alive}"
+
+
+@pytest.fixture(scope="module")
+def small():
+    (x, y), test = fl.load_digits_split(seed=0)
+    return fl.partition(x, y, num_clients=30, scheme="dirichlet", alpha=0.5, seed=0), test
+
+
+def _sim(data, test, num_workers, **kwargs):
+    return fl.Simulation(
+        fl.make_mlp, data, test_data=test, num_workers=num_workers, progress=False,
+        client={"learning_rate": 0.3, "batch_size": 16}, task_timeout_s=120, start_timeout_s=240, **kwargs,
+    )
+
+
+def test_parallel_and_sequential_give_the_same_result(small, no_children_left):
+    data, test = small
+    kwargs = dict(
+        strategy=fl.FedAvg(clients_per_round=10, staleness_exponent=0.5), rounds=6,
+        delays=fl.LogNormalDelay(seconds_per_example=0.02, network_s=0.3), round_deadline_s=0.8,
+        byzantine={"fraction": 0.1, "attack": "random_noise"}, seed=3,
+    )
+    sequential = _sim(data, test, 0, **kwargs)
+    h_seq = sequential.run()
+    parallel = _sim(data, test, 2, **kwargs)
+    h_par = parallel.run()
+    key = lambda h: [(u.client_id, u.round_dispatched, u.round_applied, u.arrival_time) for u in h.updates]
+    assert key(h_par) == key(h_seq)
+    assert any(u.staleness > 0 for u in h_par.updates)
+    assert {u.worker for u in h_par.updates} == {"train-worker-0", "train-worker-1"}
+    for a, b in zip(parallel.global_weights, sequential.global_weights):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h_par.accuracy, h_seq.accuracy, atol=1 / len(test[1]) + 1e-9)
+    assert h_par.worker_utilisation > 0 and set(h_par.worker_busy_s) == {"train-worker-0", "train-worker-1"}
+    assert all(p is None or not os.path.exists(f"/proc/{p}") or _is_zombie(p) for p in parallel.backend.pids)
+
+
+def _is_zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+class FailingUpdate(fl.KerasClientUpdate):
+    """Raises inside the worker on the first client it trains."""
+
+    def train(self, task, x, y):
+        raise ValueError(f"boom on client {task.client_id}")
+
+
+class DyingUpdate(fl.KerasClientUpdate):
+    """Exits the worker process hard, like a native crash or an OOM kill."""
+
+    def train(self, task, x, y):
+        os._exit(7)
+
+
+def test_worker_exception_stops_the_run_with_its_traceback(small, no_children_left):
+    data, _ = small
+    sim = _sim(data, None, 2, strategy=fl.FedAvg(clients_per_round=5), rounds=3, client_update=FailingUpdate())
+    with pytest.raises(fl.WorkerCrashedError, match="boom on client") as err:
+        sim.run()
+    assert err.value.worker.startswith("train-worker-")
+    assert "Traceback" in err.value.remote_traceback and "FailingUpdate" not in str(type(err.value))
+    assert "in train" in err.value.remote_traceback
+    assert not mp.active_children()
+
+
+def test_dead_worker_is_noticed_and_the_others_are_stopped(small, no_children_left):
+    data, test = small
+    sim = _sim(data, test, 2, strategy=fl.FedAvg(clients_per_round=5), rounds=3, client_update=DyingUpdate())
+    with pytest.raises(fl.WorkerCrashedError, match="exit code 7"):
+        sim.run()
+    assert not mp.active_children()
+
+
+def test_command_line_runs_a_config(tmp_path):
+    out = tmp_path / "history.json"
+    cmd = [sys.executable, "-m", "tfdist.federated", "--config", os.path.join(ROOT, "configs", "fl_fedavg_digits.yaml"),
+           "--rounds", "3", "--num-workers", "1", "--no-progress", "--output", str(out), "--log-level", "WARNING"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["rounds"] == 3 and len(summary["accuracy"]) == 4
+    saved = json.loads(out.read_text())
+    assert saved["summary"]["final_accuracy"] == summary["final_accuracy"]
+    assert saved["config"]["num_workers"] == 1 and saved["updates"][0]["worker"] == "train-worker-0"
