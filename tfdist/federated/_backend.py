@@ -60,6 +60,11 @@ class _TrainRunner:
         self.update = spec.client_update
         self.update.setup(self.model, spec.client_config, spec.model.build)
         self.data = spec.client_data
+        x, y = self.data[0]
+        cfg = spec.client_config
+        self.update.warm_up(
+            ClientTask(-1, 0, 0, list(spec.model.initial_weights), 1, cfg.batch_size_of(0), 0), x, y
+        )
 
     def run(self, task: ClientTask, worker: str) -> ClientOutput:
         start = time.perf_counter()
@@ -83,6 +88,7 @@ class _Evaluator:
             lambda xs: model(xs, training=False),
             input_signature=[tf.TensorSpec([None, *self.x.shape[1:]], tf.as_dtype(self.x.dtype))],
         )
+        self.predict(self.x[:1])  # trace now, not in the first round
 
     def evaluate(self, payload: dict) -> dict:
         if payload["kind"] == "global":

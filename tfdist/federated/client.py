@@ -147,6 +147,10 @@ class ClientUpdate:
         """Trains one client and returns ``(new_weights, metrics)``."""
         raise NotImplementedError
 
+    def warm_up(self, task: ClientTask, x: np.ndarray, y: np.ndarray) -> None:
+        """Called once at worker start-up with a throw-away task (e.g. to trace
+        compiled functions before the first round). Defaults to nothing."""
+
 
 def _output_is_logits(model) -> bool:
     layer = model.layers[-1] if model.layers else None
@@ -240,6 +244,11 @@ class KerasClientUpdate(ClientUpdate):
             return total / tf.cast(tf.maximum(n, 1), tf.float32)
 
         return fit
+
+    def warm_up(self, task, x, y):
+        """Traces the compiled train loop with a throw-away update (every task
+        assigns its own weights and resets the optimizer, so nothing leaks)."""
+        self.train(task, x, y)
 
     def train(self, task, x, y):
         n = int(y.shape[0])

@@ -55,6 +55,8 @@ class History:
         updates: every applied client update in application order.
         wall_time_s: seconds of the whole run, start-up included.
         startup_s: seconds to start the workers (spawn, import TF, build models).
+        loop_wall_s: seconds from the first round's start until the last
+            evaluation came back (what ``rounds_per_s`` divides by).
         worker_busy_s: seconds each worker spent training clients.
         config: the resolved settings of the run.
     """
@@ -63,6 +65,7 @@ class History:
     updates: list = dataclasses.field(default_factory=list)
     wall_time_s: float = 0.0
     startup_s: float = 0.0
+    loop_wall_s: float = 0.0
     worker_busy_s: dict = dataclasses.field(default_factory=dict)
     config: dict = dataclasses.field(default_factory=dict)
 
@@ -83,15 +86,16 @@ class History:
 
     @property
     def rounds_per_s(self) -> float:
+        """Rounds per second of the round loop (evaluations included, start-up excluded)."""
         n = sum(1 for r in self.rounds if r.round > 0)
-        return n / self.training_wall_s if self.training_wall_s > 0 else float("nan")
+        return n / self.loop_wall_s if self.loop_wall_s > 0 else float("nan")
 
     @property
     def worker_utilisation(self) -> float:
-        """Mean share of the rounds' wall time the train workers spent training."""
-        if not self.worker_busy_s or self.training_wall_s <= 0:
+        """Mean share of the round loop's wall time the train workers spent training."""
+        if not self.worker_busy_s or self.loop_wall_s <= 0:
             return float("nan")
-        return sum(self.worker_busy_s.values()) / (len(self.worker_busy_s) * self.training_wall_s)
+        return sum(self.worker_busy_s.values()) / (len(self.worker_busy_s) * self.loop_wall_s)
 
     def summary(self) -> dict:
         return {
@@ -100,6 +104,7 @@ class History:
             "wall_time_s": self.wall_time_s,
             "startup_s": self.startup_s,
             "training_wall_s": self.training_wall_s,
+            "loop_wall_s": self.loop_wall_s,
             "rounds_per_s": self.rounds_per_s,
             "worker_utilisation": self.worker_utilisation,
             "sim_time": self.rounds[-1].sim_time if self.rounds else 0.0,

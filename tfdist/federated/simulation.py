@@ -215,6 +215,7 @@ class Simulation:
         try:
             backend.start()
             history.startup_s = backend.startup_s
+            t_loop = time.perf_counter()
             history.rounds.append(RoundRecord(0, 0.0, 0.0, 0, 0, 0.0))
             if evaluate:
                 backend.submit_eval(0, self._eval_payload())
@@ -230,6 +231,7 @@ class Simulation:
                                     sim_t=f"{record.sim_time:.1f}s")
                     bar.update(1)
             backend.finish_evals()
+            history.loop_wall_s = time.perf_counter() - t_loop
             for rec in history.rounds:
                 rec.metrics = dict(backend.metrics.get(rec.round, {}))
             history.worker_busy_s = dict(backend.busy_s)
