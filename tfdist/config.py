@@ -353,6 +353,9 @@ class LaunchConfig:
         job_timeout_s: Stop the whole job after this many seconds. Defaults to
             ``None`` (no limit).
         env: Extra environment variables for every task.
+        input_args: Extra arguments for ``input`` tasks (``python -m
+            tfdist.data.queue_service``), e.g. ``["--producer", "mymod:make",
+            "--queue", "shuffle"]``; the launcher adds ``--port``/``--host``.
         slowdown: Tasks to slow down on purpose (experiments), e.g.
             ``{"worker:2": {"factor": 3, "schedule": "first_half",
             "steps_per_epoch": 40}}``; see ``tfdist.testing.Slowdown``.
@@ -362,6 +365,7 @@ class LaunchConfig:
     log_dir: str | None = None
     job_timeout_s: float | None = None
     env: dict[str, str] = field(default_factory=dict)
+    input_args: list[str] = field(default_factory=list)
     slowdown: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -370,6 +374,9 @@ class LaunchConfig:
         if not isinstance(self.env, dict) or not all(isinstance(k, str) for k in self.env):
             raise _fail("launch.env", self.env, "Give a mapping of variable names to values.")
         self.env = {k: str(v) for k, v in self.env.items()}
+        if not isinstance(self.input_args, list):
+            raise _fail("launch.input_args", self.input_args, "Give a list of command-line arguments.")
+        self.input_args = [str(a) for a in self.input_args]
         if not isinstance(self.slowdown, dict):
             raise _fail("launch.slowdown", self.slowdown, 'Map tasks to settings, e.g. {"worker:1": {"factor": 3}}.')
         for task, spec in self.slowdown.items():

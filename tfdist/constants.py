@@ -11,6 +11,11 @@ ENV_TOKEN = "TFDIST_TOKEN"
 #: Log level for tfdist loggers in launched tasks.
 ENV_LOG_LEVEL = "TFDIST_LOG_LEVEL"
 
+#: JSON list of collective-group addresses in worker-id order (overrides TF_CONFIG's).
+ENV_COLLECTIVE_ADDRESSES = "TFDIST_COLLECTIVE_ADDRESSES"
+#: JSON ``{"worker:2": {"factor": 3}}``: tasks slowed down on purpose (experiments).
+ENV_SLOWDOWN = "TFDIST_SLOWDOWN"
+
 #: gRPC metadata key carrying the job token.
 AUTH_METADATA_KEY = "tfdist-token"
 

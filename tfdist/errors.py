@@ -53,8 +53,8 @@ class PSRejectedError(PSError):
     """
 
 
-class AuthError(PSError):
-    """The job's secret token was missing or wrong."""
+class AuthError(TfdistError):
+    """The job's secret token was missing or wrong (any tfdist gRPC service)."""
 
 
 class WireFormatError(TfdistError, ValueError):

@@ -122,3 +122,38 @@ def test_tf_config_errors(monkeypatch):
         JobConfig.from_tf_config("{}")
     with pytest.raises(ConfigError, match="unknown job names"):
         JobConfig.from_tf_config({"cluster": {"boss": ["a:1"], "ps": ["b:1"], "worker": ["c:1"]}})
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("local_async.yaml", {"policy": "async"}),
+        ("local_bsp.yaml", {"policy": "bsp", "replicas_to_aggregate": 2}),
+        ("local_sync_replicas.yaml", {"policy": "sync_replicas", "replicas_to_aggregate": 3}),
+        ("local_ssp.yaml", {"policy": "ssp", "staleness": 3, "refresh_every_step": False}),
+        ("local_dtssp.yaml", {"policy": "dtssp", "min_staleness": 3, "max_staleness": 10, "window": 10, "delta": 0.01}),
+    ],
+)
+def test_mode_configs_select_their_policy(name, expected):
+    from tfdist.consistency import policy_from_spec
+
+    cfg = load_config(os.path.join(ROOT, "configs", name))
+    spec = cfg.strategy.policy_spec(cfg.cluster.num_workers)
+    assert spec == expected
+    assert policy_from_spec(spec, cfg.cluster.num_workers).spec() == expected
+
+
+def test_more_replicas_to_aggregate_than_workers_is_refused():
+    cfg = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 2},
+                               "strategy": {"consistency": "sync_replicas", "replicas_to_aggregate": 3}})
+    with pytest.raises(ConfigError, match="accumulation across steps"):
+        cfg.strategy.policy_spec(cfg.cluster.num_workers)
+
+
+def test_slowdown_and_input_args_validated():
+    cfg = JobConfig.from_dict({"launch": {"slowdown": {"worker:1": {"factor": 3}}, "input_args": ["--queue", "fifo"]}})
+    assert cfg.launch.slowdown == {"worker:1": {"factor": 3}} and cfg.launch.input_args == ["--queue", "fifo"]
+    with pytest.raises(ConfigError, match="launch.slowdown.worker:1"):
+        JobConfig.from_dict({"launch": {"slowdown": {"worker:1": {"factor": 0.5}}}})
+    with pytest.raises(ConfigError, match="JOB:INDEX"):
+        JobConfig.from_dict({"launch": {"slowdown": {"workerone": {"factor": 2}}}})

@@ -62,7 +62,7 @@ def _run_one_task(config, task, script, script_args) -> int:
             "to the same secret on every machine (or security.token in the config)."
         )
     env = task_environment(config, task, token)
-    argv = task_argv(task, script, script_args)
+    argv = task_argv(task, script, script_args, config)
     logger.info("starting %s: %s", task, " ".join(argv))
     os.execve(argv[0], argv, env)
     return 1  # not reached

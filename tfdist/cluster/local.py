@@ -65,18 +65,24 @@ def task_environment(config: JobConfig, task: TaskSpec, token: str, base: dict[s
     env[constants.ENV_CONFIG] = json.dumps(public)
     env[config.security.token_env] = token
     if config.launch.slowdown:
-        env["TFDIST_SLOWDOWN"] = json.dumps(config.launch.slowdown)
+        env[constants.ENV_SLOWDOWN] = json.dumps(config.launch.slowdown)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
 
 
-def task_argv(task: TaskSpec, script: str | None, script_args: Sequence[str]) -> list[str]:
-    """What a task runs: PS tasks need no user code; the rest run the script."""
+def task_argv(task: TaskSpec, script: str | None, script_args: Sequence[str],
+              config: JobConfig | None = None) -> list[str]:
+    """What a task runs: PS and input tasks need no user code; the rest run the script."""
     if task.job == "ps":
         return [sys.executable, "-m", "tfdist.ps"]
     if task.job == "input":
-        return [sys.executable, "-m", "tfdist.data.queue_service"]
+        if config is None:
+            raise LaunchError("An input task needs the job config (its address).")
+        host, _, port = config.cluster.input[task.index].rpartition(":")
+        bind = host if config.cluster.is_local() else "[::]"
+        return [sys.executable, "-m", "tfdist.data.queue_service", "--port", port, "--host", bind,
+                *config.launch.input_args]
     if script is None:
         raise LaunchError(f"Task {task} needs a script to run, and none was given.")
     return [sys.executable, script, *script_args]
@@ -135,7 +141,7 @@ class LocalJob:
         show_stdout = self.forward and (self.config.launch.log_all_tasks or task == self.main_task)
         return TaskProcess(
             task,
-            task_argv(task, self.script, self.script_args),
+            task_argv(task, self.script, self.script_args, self.config),
             env,
             log_path=os.path.join(self.log_dir, f"{task.job}-{task.index}.log"),
             forward_stdout=show_stdout,

@@ -265,7 +265,7 @@ def init_worker_group(
             _group = WorkerGroup(spec, timeout_s, enabled=False)
             logger.info("worker group: a single training task, collectives are local")
             return _group
-        from tfdist.collective import _tf_compat
+        from tfdist import _tf_compat
 
         if _tf_compat.context_initialized():
             raise CollectiveSetupError(

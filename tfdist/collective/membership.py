@@ -30,7 +30,7 @@ from tfdist.collective.errors import CollectiveSetupError
 __all__ = ["GroupMember", "GroupSpec", "resolve_group", "peers_in_message", "ENV_COLLECTIVE_ADDRESSES"]
 
 #: JSON list of ``host:port``, one per training task in worker-id order (move to tfdist.constants).
-ENV_COLLECTIVE_ADDRESSES = "TFDIST_COLLECTIVE_ADDRESSES"
+from tfdist.constants import ENV_COLLECTIVE_ADDRESSES  # noqa: E402  (re-exported)
 TRAINING_JOBS = ("chief", "worker")
 _TASK_RE = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 

@@ -36,7 +36,7 @@ from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.consistency import ConsistencyPolicy, policy_from_spec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
-from tfdist.strategies._tf_compat import OneDeviceExtended, StrategyBase
+from tfdist._tf_compat import OneDeviceExtended, StrategyBase
 from tfdist.testing.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
 
 __all__ = ["ParameterServerStrategy"]

@@ -44,7 +44,9 @@ def slowdown_env(slowdowns: dict[str, dict]) -> dict[str, str]:
     """
     import json
 
-    return {"TFDIST_SLOWDOWN": json.dumps(slowdowns)}
+    from tfdist.constants import ENV_SLOWDOWN
+
+    return {ENV_SLOWDOWN: json.dumps(slowdowns)}
 
 
 class LocalCluster:

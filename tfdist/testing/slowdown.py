@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 __all__ = ["Slowdown", "SlowdownCallback", "slowdown_from_env", "ENV_SLOWDOWN"]
 
-ENV_SLOWDOWN = "TFDIST_SLOWDOWN"
+from tfdist.constants import ENV_SLOWDOWN  # noqa: E402  (re-exported)
 SCHEDULES = ("always", "first_half", "second_half")
 
 

@@ -1,8 +1,13 @@
-"""The only module of ``tfdist.collective`` that touches private TensorFlow API.
+"""The only module of tfdist that imports ``tensorflow.python.*``.
 
-To be merged with ``tfdist/strategies/_tf_compat.py`` (STYLE habit 7: one
-importer of ``tensorflow.python.*``). Checked on TF 2.21 (CPU), two and three
-independent processes (DESIGN.md §1):
+TensorFlow upgrades touch this file alone. Checked on TF 2.21 / Keras 3.15 (CPU):
+
+Strategies (DESIGN.md §1): a ``tf.distribute.Strategy`` over a subclass of
+``OneDeviceExtended`` works with Keras 3 ``fit``/``evaluate``/``predict``, and
+its hooks (``_create_variable``, ``_call_for_each_replica``,
+``_batch_reduce_to``, ``_update``) see every variable and every step.
+
+Collective groups between independent processes (two and three processes):
 
 * ``context.configure_collective_ops(collective_leader, device_filters=(own task,))``,
   ``context.configure_coordination_service("standalone", ...)`` and
@@ -29,9 +34,14 @@ from typing import Mapping, Sequence
 
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.core.protobuf import cluster_pb2, tensorflow_server_pb2
+from tensorflow.python.distribute import distribute_lib, one_device_strategy
 from tensorflow.python.eager import context
 
-__all__ = ["context_initialized", "enable_collective_group"]
+#: Base of every tfdist strategy (see DESIGN.md §1: works with Keras 3 fit).
+OneDeviceExtended = one_device_strategy.OneDeviceExtended
+StrategyBase = distribute_lib.Strategy
+
+__all__ = ["OneDeviceExtended", "StrategyBase", "context_initialized", "enable_collective_group"]
 
 
 def context_initialized() -> bool:
