@@ -57,8 +57,11 @@ def test_async_two_workers_two_ps_reach_90_percent_on_digits(tmp_path, scripts_d
 
     data = load_digits()
     loaded = keras.models.load_model(model_path)
+    weights = loaded.get_weights()
+    assert float(sum(float(np.sum(w)) for w in weights)) == pytest.approx(chief["saved_checksum"], rel=1e-6)
+    np.testing.assert_array_equal(weights[-1], np.array(chief["saved_weights"][0], dtype=weights[-1].dtype))
     _, acc = loaded.evaluate(data.x_test, data.y_test, verbose=0)
-    assert acc == pytest.approx(chief["final_eval"][1], abs=1e-6)
+    assert acc >= 0.90
 
 
 def test_embedding_and_batchnorm_train(tmp_path, scripts_dir):

@@ -78,19 +78,30 @@ class Slowdown:
 
 
 class StepSlowdown:
-    """Applies a :class:`Slowdown` around consecutive steps (used by strategies)."""
+    """Applies a :class:`Slowdown` around consecutive steps (used by strategies).
 
-    def __init__(self, slowdown: Slowdown):
+    The compute time a ``factor`` multiplies is the median of the last five
+    measured steps, and the first step (which includes tracing the training
+    function) is never measured, so one slow outlier does not turn into a
+    long sleep.
+    """
+
+    def __init__(self, slowdown: Slowdown, window: int = 5):
         self.slowdown = slowdown
         self.step = 0
         self._started: float | None = None
+        self._recent: list[float] = []
+        self._window = window
         self.slept_s = 0.0
 
     def at_step_start(self) -> None:
         """Call at the start of each step: sleeps for the previous one."""
         now = time.perf_counter()
         if self._started is not None:
-            pause = self.slowdown.sleep_for(self.step - 1, now - self._started)
+            if self.step > 1:  # step 0 traced the function: not a compute time
+                self._recent = (self._recent + [now - self._started])[-self._window:]
+            compute = sorted(self._recent)[len(self._recent) // 2] if self._recent else 0.0
+            pause = self.slowdown.sleep_for(self.step - 1, compute)
             if pause > 0:
                 time.sleep(pause)
                 self.slept_s += pause

@@ -101,8 +101,10 @@ def main():
     if strategy.is_chief and args.save_weights:
         model.save_weights(args.save_weights)
     if strategy.is_chief and args.save_model:
+        result["saved_weights"] = [w.tolist() for w in model.get_weights()[-1:]]  # what was saved, exactly
+        result["saved_checksum"] = float(sum(float(np.sum(w)) for w in model.get_weights()))
         model.save(args.save_model)
-    with open(os.path.join(args.out, f"worker-{strategy.worker_id}.json"), "w") as f:
+    with open(os.path.join(args.out, f"worker-{strategy.worker_id}.json"), "w") as f:  # noqa: SIM115
         json.dump(result, f)
     print(f"worker {strategy.worker_id} final accuracy {result['final_eval'][1]:.4f}", flush=True)
 
