@@ -233,6 +233,7 @@ def run_variant(variant, rounds, python, timeout_s):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]),
                TF_CPP_MIN_LOG_LEVEL="3", RAY_DEDUP_LOGS="0")
     cmd = [python, os.path.abspath(__file__), "--child", variant, "--rounds", str(rounds)]
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     proc = psutil.Process(popen.pid)
@@ -264,6 +265,7 @@ def run_variant(variant, rounds, python, timeout_s):
     cpu = sum(seen.values())
     res.update({
         "variant": variant, "rounds": rounds, "wall_s": wall, "python": python,
+        "load_average_before": load_before, "load_average_after": os.getloadavg()[0],
         "rounds_per_s": rounds / res["loop_wall_s"], "s_per_round": res["loop_wall_s"] / rounds,
         "median_round_s": statistics.median(res["round_s"]) if res["round_s"] else None,
         "final_accuracy": res["accuracy"][-1], "cpu_s": cpu,
@@ -289,16 +291,17 @@ def write_docs(report: dict, path: str) -> None:
         "",
         f"Command: `{report['command']}`",
         "",
-        "| variant | rounds/s | s/round (loop) | median s/round | start-up s | total wall s | final acc | CPU util |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| variant | rounds/s | s/round (loop) | median s/round | start-up s | total wall s | final acc | CPU util | load avg before/after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         if "error" in r:
-            lines.append(f"| {r['variant']} | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['variant']} | failed: {r['error']} | | | | | | | |")
             continue
         lines.append(
             f"| {r['variant']} | {r['rounds_per_s']:.2f} | {r['s_per_round']:.3f} | {r['median_round_s']:.3f} | "
-            f"{r['startup_s']:.1f} | {r['wall_s']:.1f} | {r['final_accuracy']:.3f} | {100 * r['cpu_utilisation']:.0f}% |"
+            f"{r['startup_s']:.1f} | {r['wall_s']:.1f} | {r['final_accuracy']:.3f} | {100 * r['cpu_utilisation']:.0f}% | "
+            f"{r.get('load_average_before', float('nan')):.1f} / {r.get('load_average_after', float('nan')):.1f} |"
         )
     lines += [
         "",
@@ -325,10 +328,15 @@ def main(argv=None):
     parser.add_argument("--timeout-s", type=float, default=1200)
     parser.add_argument("--output", help="write the JSON report here")
     parser.add_argument("--write-docs", action="store_true", help="fill the federated section of docs/benchmarks.md")
+    parser.add_argument("--from-json", help="only rewrite the docs table from a saved --output report")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args.rounds)), flush=True)
+        return 0
+    if args.from_json:
+        with open(args.from_json, encoding="utf-8") as f:
+            write_docs(json.load(f), os.path.join(ROOT, "docs", "benchmarks.md"))
         return 0
     report = {"rounds": args.rounds, "cores": os.cpu_count(), "load_average": os.getloadavg(),
               "command": "python benchmarks/fl_simulation.py " + " ".join(a for a in (argv or sys.argv[1:])),

@@ -127,3 +127,40 @@ def test_p2p_ring_with_distillation_converges(digits):
     assert np.mean(acc[-3:]) > np.mean(acc[5:8])  # still rising or flat, not collapsing
     assert len(h.updates) == 20 * 15  # every node trained every round
     assert h.rounds[-1].metrics["accuracy_max"] >= h.rounds[-1].metrics["accuracy_min"]
+
+
+# --- the extension-point example of docs/federated.md -------------------------------
+class FedCenteredClip(fl.FedAvg):
+    """Clips every delta to the median norm before averaging."""
+
+    def combine(self, deltas, weights):
+        norms = np.array([np.sqrt(sum(float(np.sum(d * d)) for d in delta)) for delta in deltas])
+        cap = np.median(norms)
+        clipped = [fl.aggregate.scale(delta, min(1.0, cap / max(n, 1e-12))) for delta, n in zip(deltas, norms)]
+        return fl.aggregate.weighted_average(clipped, weights)
+
+
+class Zero(fl.Attack):
+    def apply(self, delta, rng):
+        return [np.zeros_like(d) for d in delta]
+
+
+class LabelSmoothing(fl.KerasClientUpdate):
+    def compute_loss(self, y, outputs, targets):
+        import keras
+
+        onehot = keras.ops.one_hot(y, outputs.shape[-1]) * 0.9 + 0.01
+        return keras.ops.mean(keras.losses.categorical_crossentropy(onehot, outputs, from_logits=self.from_logits))
+
+
+class EveryoneTakesTwoSeconds(fl.DelayModel):
+    def sample(self, client_id, round_num, work, rng):
+        return fl.Delay(compute_s=1.5, network_s=0.5)
+
+
+def test_documented_extension_points_plug_in(noniid, digits):
+    h = _run(noniid, digits[2], strategy=FedCenteredClip(clients_per_round=10), client_update=LabelSmoothing(),
+             byzantine=fl.ByzantineConfig(fraction=0.1, attack=Zero()), delays=EveryoneTakesTwoSeconds(), rounds=4)
+    assert h.accuracy[-1] > h.accuracy[0]
+    assert h.rounds[-1].sim_time == pytest.approx(8.0)
+    assert any(u.byzantine for u in h.updates) or len(h.updates) == 40

@@ -139,8 +139,10 @@ class ByzantineConfig:
         return frozenset(int(c) for c in rng.permutation(num_clients)[: self.num_byzantine(num_clients)])
 
     def to_dict(self) -> dict:
-        return {"fraction": self.fraction, "attack": {"name": _attack_name(self.attack), **dataclasses.asdict(self.attack)},
-                "clients": self.clients}
+        params = dataclasses.asdict(self.attack) if dataclasses.is_dataclass(self.attack) else {
+            k: v for k, v in vars(self.attack).items() if not k.startswith("_")
+        }
+        return {"fraction": self.fraction, "attack": {"name": _attack_name(self.attack), **params}, "clients": self.clients}
 
 
 def _attack_name(attack: Attack) -> str:
