@@ -142,3 +142,17 @@ def test_specs_round_trip():
         make_policy("sideways")
     with pytest.raises(ConfigError, match="replicas_to_aggregate"):
         make_policy("sync_replicas", replicas_to_aggregate=0)
+
+
+def test_detected_stragglers_are_not_waited_for():
+    bsp = BSPPolicy(3)
+    live = frozenset({0, 1, 2})
+    assert not bsp.step_complete(frozenset({0, 1}), PolicyContext(0.0, live))
+    assert bsp.step_complete(frozenset({0, 1}), PolicyContext(0.0, live, frozenset({2})))
+    # an excluded worker's gradient still counts when it arrives first
+    assert bsp.required(frozenset({2}), PolicyContext(0.0, live, frozenset({2}))) == 3
+    ssp = SSPPolicy(1)
+    for w, c in ((0, 5), (1, 5), (2, 1)):
+        ssp.on_applied(w, c, ctx(0, 1, 2))
+    assert ssp.on_pull(0, 5, PolicyContext(0.0, live)).wait
+    assert not ssp.on_pull(0, 5, PolicyContext(0.0, live, frozenset({2}))).wait

@@ -139,3 +139,19 @@ def test_async_policy_records_clocks():
     p.on_applied(0, 5, 0.0)
     p.on_applied(0, 3, 0.0)
     assert p.describe() == {"policy": "async", "clocks": {"0": 5}}
+
+
+def test_step_with_fewer_gradients_than_m_is_scaled_to_their_mean():
+    from tfdist.consistency import SyncReplicasPolicy
+
+    clock = FakeClock()
+    store = ParameterStore(SyncReplicasPolicy(2), heartbeat_timeout_s=10, time_fn=clock)
+    store.init(0, SPECS, {"a": np.ones((2, 2), np.float32), "b": np.zeros(3, np.float32)}, num_workers=2)
+    store.heartbeat(1)
+    store.set_excluded(0, [1])  # worker 1 is a detected straggler: step 0 completes with worker 0 alone
+    meta, agg = store.push_gradients(0, 0, {"b": np.full(3, 0.5, np.float32)}, timeout=1)
+    assert meta["global_step"] == 1 and not meta["dropped"]
+    np.testing.assert_allclose(agg["b"], np.full(3, 1.0))  # 0.5 was scaled for M=2: the mean is 1.0
+    late, agg_late = store.push_gradients(1, 0, {"b": np.ones(3, np.float32)}, timeout=1)
+    assert late["dropped"] and np.array_equal(agg_late["b"], agg["b"])
+    assert store.status()["excluded"] == [1]

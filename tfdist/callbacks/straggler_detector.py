@@ -272,7 +272,12 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
     def on_train_batch_end(self, batch, logs=None):
         if self._t0 is None:
             return
-        self._pending.append(time.perf_counter() - self._t0)
+        elapsed = time.perf_counter() - self._t0
+        # Time the worker's own work, not the wait for others (sync strategies
+        # make every worker as slow as the slowest otherwise): tfdist
+        # strategies report how long the step was blocked on the exchange.
+        blocked = getattr(getattr(self.model, "distribute_strategy", None), "last_step_wait_seconds", 0.0)
+        self._pending.append(max(elapsed - float(blocked or 0.0), 0.0))
         self._t0 = None
         if self._warmup_left > 0:  # the same iterations on every worker: nothing to exchange
             self._warmup_left -= 1

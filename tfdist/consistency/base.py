@@ -35,10 +35,24 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PolicyContext:
-    """What the server knows when it asks: the time and the live workers."""
+    """What the server knows when it asks.
+
+    Attributes:
+        now: The time, in seconds.
+        live: Workers that are heart-beating and not done.
+        excluded: Live workers a straggler detector flagged: barriers stop
+            waiting for them until they recover (their work still counts
+            when it arrives in time).
+    """
 
     now: float = 0.0
     live: frozenset[int] = field(default_factory=frozenset)
+    excluded: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def awaited(self) -> frozenset[int]:
+        """Live workers that barriers wait for."""
+        return self.live - self.excluded
 
 
 class PushAction(enum.Enum):

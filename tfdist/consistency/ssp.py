@@ -54,7 +54,8 @@ class SSPPolicy(ConsistencyPolicy):
         self.clocks: dict[int, int] = {}
 
     def min_clock(self, ctx: PolicyContext) -> int:
-        return min_clock(self.clocks, ctx.live)
+        """Slowest clock among awaited workers (detected stragglers do not hold others back)."""
+        return min_clock(self.clocks, ctx.awaited or ctx.live)
 
     def on_push(self, worker: int, clock: int, ctx: PolicyContext) -> PushDecision:
         return PushDecision(PushAction.APPLY)

@@ -7,7 +7,10 @@ sum is the mean); the step is then complete, the global step advances once,
 and a gradient that arrives later for step ``t`` is stale and dropped. Every
 worker, dropped or not, continues from the same aggregate. ``N - M`` backup
 workers absorb stragglers. With ``M`` >= the number of live workers the step
-waits for every live worker: BSP. Dead or finished workers are not waited for.
+waits for every live worker: BSP. Dead or finished workers, and workers a
+straggler detector flagged (until they recover), are not waited for; when a
+step completes with fewer than ``M`` gradients the server scales their sum to
+their mean, so the update's size does not depend on how many arrived.
 """
 
 from __future__ import annotations
@@ -36,8 +39,11 @@ class SyncReplicasPolicy(ConsistencyPolicy):
         self.replicas_to_aggregate = replicas_to_aggregate
 
     def required(self, contributors: frozenset[int], ctx: PolicyContext) -> int:
-        """Gradients needed to complete the current step."""
-        available = len(ctx.live | contributors)
+        """Gradients needed to complete the current step.
+
+        Dead, finished and detected-straggler workers are not waited for.
+        """
+        available = len(ctx.awaited | contributors)
         return max(1, min(self.replicas_to_aggregate, available))
 
     def on_gradient(self, worker, step, global_step, contributors, ctx) -> GradientDecision:

@@ -3,7 +3,8 @@
 Methods (service ``tfdist.ParameterServer``; every request and response is a
 :mod:`tfdist.ps.wire` message): ``Init``, ``WaitInit``, ``Pull``, ``Push``,
 ``PushPull`` (update path), ``PushGradients``, ``PutState`` (gradient path),
-``Heartbeat``, ``Status``, ``Done``, ``Shutdown``.
+``SetExcluded`` (detected stragglers), ``Heartbeat``, ``Status``, ``Done``,
+``Shutdown``.
 
 The consistency policy arrives with the initialising worker's ``Init`` (the
 chief's strategy decides), so a PS task needs no user code and no mode
@@ -38,8 +39,8 @@ __all__ = ["PSServer", "SERVICE", "METHODS", "load_tls_server_credentials"]
 logger = logging.getLogger(__name__)
 
 SERVICE = "tfdist.ParameterServer"
-METHODS = ("Init", "WaitInit", "Pull", "Push", "PushPull", "PushGradients", "PutState", "Heartbeat", "Status",
-           "Done", "Shutdown")
+METHODS = ("Init", "WaitInit", "Pull", "Push", "PushPull", "PushGradients", "PutState", "SetExcluded",
+           "Heartbeat", "Status", "Done", "Shutdown")
 
 
 def load_tls_server_credentials(cert_path: str, key_path: str) -> grpc.ServerCredentials:
@@ -247,6 +248,9 @@ class PSServer:
 
     def _rpc_PutState(self, meta, tensors, context):
         return self.store.put_state(int(meta["worker"]), int(meta["step"]), tensors), {}
+
+    def _rpc_SetExcluded(self, meta, tensors, context):
+        return {"excluded": self.store.set_excluded(int(meta["worker"]), meta["excluded"])}, {}
 
     def _rpc_Heartbeat(self, meta, tensors, context):
         return {"live_workers": self.store.heartbeat(int(meta["worker"]))}, {}

@@ -229,6 +229,10 @@ class WorkerSession:
         self._note(replies)
         return values
 
+    def set_excluded(self, excluded) -> None:
+        """Tells every PS task which detected stragglers barriers should not wait for."""
+        self.client.call_all("SetExcluded", {"worker": self.worker_id, "excluded": sorted(int(w) for w in excluded)})
+
     def status(self) -> list[dict]:
         """Status of every PS task (version, live workers, counters)."""
         return [meta for _, (meta, _) in sorted(self.client.call_all("Status", {}).items())]

@@ -84,6 +84,7 @@ class ParameterStore:
         self._expected: set[int] = set()
         self._last_seen: dict[int, float] = {}
         self.done_workers: set[int] = set()
+        self.excluded: set[int] = set()
         # gradient path
         self.global_step = 0
         self._acc: dict[str, np.ndarray] = {}
@@ -376,6 +377,10 @@ class ParameterStore:
         contributors = frozenset(self._contributors)
         if not contributors or not self.policy.step_complete(contributors, self._ctx()):
             return
+        m = getattr(self.policy, "replicas_to_aggregate", len(contributors))
+        if len(contributors) < m:  # fewer arrived than Keras scaled the loss for: keep the mean
+            for value in self._acc.values():
+                value *= np.asarray(m / len(contributors), dtype=value.dtype)
         step = self.global_step
         self._history[step] = (self._acc, closer if closer is not None else min(contributors))
         for old in [s for s in self._history if s <= step - AGGREGATE_HISTORY]:
@@ -439,7 +444,19 @@ class ParameterStore:
         return frozenset(live)
 
     def _ctx(self) -> PolicyContext:
-        return PolicyContext(self._time(), self._live())
+        live = self._live()
+        return PolicyContext(self._time(), live, frozenset(self.excluded & live))
+
+    def set_excluded(self, worker: int, excluded: Iterable[int]) -> list[int]:
+        """Replaces the set of detected stragglers barriers do not wait for."""
+        with self._cond:
+            self._touch(worker)
+            new = {int(w) for w in excluded}
+            if new != self.excluded:
+                logger.info("stragglers excluded from barriers: %s (reported by worker %d)", sorted(new), worker)
+            self.excluded = new
+            self._cond.notify_all()
+            return sorted(self.excluded)
 
     def heartbeat(self, worker: int) -> list[int]:
         with self._cond:
@@ -470,6 +487,7 @@ class ParameterStore:
                 "bytes": int(sum(v.nbytes for v in self._values.values())),
                 "live_workers": sorted(self._live()),
                 "done_workers": sorted(self.done_workers),
+                "excluded": sorted(self.excluded),
                 "stats": dict(self.stats),
                 "policy": self.policy.describe() if self.policy else None,
                 "specs": [s.to_dict() for s in self._specs.values()],

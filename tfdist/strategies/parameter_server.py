@@ -24,6 +24,7 @@ import os
 import secrets
 import sys
 import threading
+import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -102,6 +103,8 @@ class _Runtime:
         self.late_variables: list[str] = []
         self._lock = threading.Lock()
         self._closed = False
+        #: Seconds the current/last training step spent blocked on the PS (waits, transfers).
+        self.step_wait_s = 0.0
         slowdown = slowdown_from_env(str(task))
         self.slowdown = StepSlowdown(slowdown) if slowdown else None
         if slowdown:
@@ -199,13 +202,29 @@ class _Runtime:
             if self.path == "update" or self.worker_id < 0:
                 self.assign(session.pull())
                 return
-        values = session.begin()
+        self.step_wait_s = 0.0
+        with self._blocked():
+            values = session.begin()
         if values is not None:
             self.assign(values)
 
+    def _blocked(self):
+        """Context manager adding its duration to ``step_wait_s``."""
+        runtime = self
+
+        class _Timer:
+            def __enter__(self):
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                runtime.step_wait_s += time.perf_counter() - self.t
+
+        return _Timer()
+
     def end_update_step(self, current: list[np.ndarray], loss: float | None) -> list[np.ndarray] | None:
         self._require_training_task()
-        values = self.session.end({s.key: v for s, v in zip(self.specs, current)}, loss)
+        with self._blocked():
+            values = self.session.end({s.key: v for s, v in zip(self.specs, current)}, loss)
         if values is None:
             return None
         return [values[s.key] for s in self.specs]
@@ -215,11 +234,13 @@ class _Runtime:
         mapped = {k: g for k, g in zip(keys, grads) if k is not None}
         if not mapped:
             return grads
-        aggregate = self.session.exchange(mapped)
+        with self._blocked():
+            aggregate = self.session.exchange(mapped)
         return [aggregate[k] if k is not None else g for k, g in zip(keys, grads)]
 
     def end_gradient_step(self, current: list[np.ndarray]) -> None:
-        values = self.session.end({s.key: v for s, v in zip(self.specs, current)})
+        with self._blocked():
+            values = self.session.end({s.key: v for s, v in zip(self.specs, current)})
         if values is not None:  # too far behind: load the job's state instead of this step's result
             self.assign(values)
 
@@ -553,6 +574,38 @@ class ParameterServerStrategy(StrategyBase):
         """This worker's exchange counters (syncs, pulls, bytes, seconds)."""
         return dict(self._runtime.session.stats) if self._runtime.session else {}
 
+    @property
+    def last_step_wait_seconds(self) -> float:
+        """Seconds the last training step spent blocked on the parameter servers.
+
+        Waiting for other workers and moving data; a straggler detector
+        subtracts it from the step's wall time to get this worker's own
+        compute time (in sync modes every worker waits for the slowest).
+        """
+        return self._runtime.step_wait_s
+
+    def exclude_workers(self, workers) -> None:
+        """Stops barriers from waiting for ``workers`` (detected stragglers) until called again.
+
+        SyncReplicas/BSP steps complete without them (their gradients still
+        count when they arrive in time) and SSP's minimum clock ignores them.
+        Pass an empty set to re-admit everyone.
+        """
+        self._runtime.ensure_session().set_excluded(workers)
+
+    def straggler_listener(self):
+        """A listener for :class:`tfdist.callbacks.StragglerDetector` that acts on its verdicts.
+
+        Example:
+
+        ```python
+        detector = tfdist.callbacks.StragglerDetector()
+        detector.subscribe(strategy.straggler_listener())
+        model.fit(ds, callbacks=[detector])
+        ```
+        """
+        return _ExcludeStragglers(self)
+
     def shutdown(self) -> None:
         """Tells the PS this worker is done and closes connections (idempotent).
 
@@ -563,6 +616,28 @@ class ParameterServerStrategy(StrategyBase):
         if self._local_server is not None:
             self._local_server.stop(0)
             self._local_server = None
+
+
+class _ExcludeStragglers:
+    """Straggler-detector listener: keeps the PS's excluded set equal to the detected stragglers."""
+
+    def __init__(self, strategy: ParameterServerStrategy):
+        self._strategy = strategy
+        self.excluded: set[int] = set()
+
+    def _send(self) -> None:
+        try:
+            self._strategy.exclude_workers(self.excluded)
+        except Exception as e:  # acting on a verdict must never break training
+            logger.warning("could not tell the parameter servers about stragglers %s: %s", sorted(self.excluded), e)
+
+    def on_straggler_detected(self, worker, info) -> None:
+        self.excluded.add(int(worker))
+        self._send()
+
+    def on_straggler_recovered(self, worker, info) -> None:
+        self.excluded.discard(int(worker))
+        self._send()
 
 
 #: Placeholder address of the single worker in in-process mode (never dialled).
