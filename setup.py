@@ -35,7 +35,7 @@ setup(
             "ipykernel>=6.29",
             "matplotlib>=3.8",
         ],
-        "bench": ["tf-keras>=2.21,<2.22", "psutil>=5.9"],
+        "bench": ["tf-keras>=2.21,<2.22", "psutil>=5.9", "flwr[simulation]>=1.20"],
     },
     entry_points={
         "console_scripts": [
