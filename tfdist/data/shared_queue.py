@@ -105,6 +105,27 @@ class SharedQueue:
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
+    @classmethod
+    def from_cluster(cls, index: int = 0, **kwargs) -> "SharedQueue":
+        """The queue served by input task ``index`` of this job (from ``TF_CONFIG``).
+
+        Use it in a script started by ``python -m tfdist.launch`` with an
+        ``input`` task in the config; the token comes from ``TFDIST_TOKEN``.
+
+        Example:
+            >>> ds = SharedQueue.from_cluster().as_dataset(batch_size=64)
+        """
+        from tfdist.config import JobConfig
+
+        config, _ = JobConfig.from_tf_config()
+        if index >= len(config.cluster.input):
+            raise ConfigError(
+                f"The cluster has {len(config.cluster.input)} input task(s); there is no input:{index}. "
+                "Add `input: 1` to the cluster in the config."
+            )
+        kwargs.setdefault("token", config.security.resolve_token())
+        return cls(config.cluster.input[index], **kwargs)
+
     @property
     def address(self) -> str:
         return self._address
