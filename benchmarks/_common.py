@@ -1,0 +1,234 @@
+"""Shared pieces of the benchmarks: models, synthetic data, step timing, child processes.
+
+Imported by ``benchmarks/ps_throughput.py`` (the driver, which must not import
+TensorFlow before it forks children) and by the worker scripts in
+``benchmarks/ps_workers/`` (which do). Only the functions that build models or
+datasets import TensorFlow/Keras, lazily, so the same definitions serve Keras 3
+and tf-keras (``TF_USE_LEGACY_KERAS=1``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+#: Per-worker batch of every training configuration.
+BATCH = 64
+#: Distinct synthetic examples (repeated forever).
+EXAMPLES = 2048
+NUM_CLASSES = 10
+
+#: name -> (input shape, description). MLP 784-256-256-10 on flattened 28x28;
+#: CNN 2 conv + 2 dense on 32x32x3 (5x5 convs 32/64, dense 512: 2.16 M parameters).
+MODELS = {
+    "mlp": ((784,), "MLP 784-256-256-10 (0.27 M params) on synthetic 28x28 (flattened)"),
+    "cnn": ((32, 32, 3), "CNN conv5x5(32)-pool-conv5x5(64)-pool-dense512-dense10 (2.16 M params) on synthetic 32x32x3"),
+}
+
+
+def make_model(keras, name: str):
+    """The benchmark model ``name`` built with the given Keras module (Keras 3 or tf-keras)."""
+    shape, _ = MODELS[name]
+    L = keras.layers
+    if name == "mlp":
+        layers = [L.Dense(256, activation="relu"), L.Dense(256, activation="relu"), L.Dense(NUM_CLASSES)]
+    elif name == "cnn":
+        layers = [
+            L.Conv2D(32, 5, padding="same", activation="relu"),
+            L.MaxPooling2D(),
+            L.Conv2D(64, 5, padding="same", activation="relu"),
+            L.MaxPooling2D(),
+            L.Flatten(),
+            L.Dense(512, activation="relu"),
+            L.Dense(NUM_CLASSES),
+        ]
+    else:
+        raise ValueError(f"Unknown model {name!r}. Use one of {sorted(MODELS)}.")
+    return keras.Sequential([keras.Input(shape), *layers])
+
+
+def compile_model(keras, model) -> None:
+    """Adam(1e-3), sparse categorical cross-entropy from logits, no metrics (pure step cost)."""
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+def synthetic_arrays(name: str, seed: int = 0):
+    import numpy as np
+
+    shape, _ = MODELS[name]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((EXAMPLES, *shape), dtype=np.float32)
+    y = rng.integers(0, NUM_CLASSES, size=(EXAMPLES,), dtype=np.int64)
+    return x, y
+
+
+def synthetic_dataset(name: str, batch: int, seed: int = 0):
+    """An endless ``tf.data`` pipeline of synthetic batches (in memory, prefetched)."""
+    import tensorflow as tf
+
+    x, y = synthetic_arrays(name, seed)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True).prefetch(2)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options)
+
+
+def step_timer_class(keras):
+    """A Keras callback class recording the wall time at the end of every training batch."""
+
+    class StepTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times: list[float] = []  # perf_counter at every batch end
+            self.wall: list[float] = []  # time.time() at every batch end (to line workers up)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.times.append(time.perf_counter())
+            self.wall.append(time.time())
+
+    return StepTimer
+
+
+def epoch_timer_class(keras):
+    """A Keras callback class recording the wall time at every epoch end (for TF PSS, which
+    refuses batch-level callbacks)."""
+
+    class EpochTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epoch_times: list[float] = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epoch_times.append(time.perf_counter())
+
+    return EpochTimer
+
+
+def timed_window(times: Sequence[float], warmup: int, steps: int, batch: int) -> dict:
+    """Throughput over ``steps`` batch ends after the first ``warmup`` ones."""
+    if len(times) < warmup + steps:
+        raise RuntimeError(f"only {len(times)} step times recorded, need warmup+steps={warmup + steps}")
+    seconds = times[warmup + steps - 1] - times[warmup - 1]
+    return {
+        "warmup_steps": warmup,
+        "timed_steps": steps,
+        "seconds": seconds,
+        "steps_per_s": steps / seconds,
+        "examples_per_s": steps * batch / seconds,
+        "batch": batch,
+    }
+
+
+def write_result(path: str, result: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, path)
+
+
+def machine() -> dict:
+    """Short description of this machine and the software versions."""
+    info = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_avg_1_5_15": list(os.getloadavg()),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as f:
+            info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return info
+
+
+class Children:
+    """Child processes started by a benchmark; :meth:`stop_all` kills every one (bounded)."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, argv: Sequence[str], env: dict | None = None, log_path: str | None = None) -> subprocess.Popen:
+        out = open(log_path, "wb") if log_path else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(
+                list(argv), env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            if log_path:
+                out.close()
+        proc.log_path = log_path  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def wait_all(self, procs: Sequence[subprocess.Popen], timeout: float) -> None:
+        """Waits (bounded) until ``procs`` exit 0; raises with the log tail of a failed one."""
+        deadline = time.monotonic() + timeout
+        pending = list(procs)
+        while pending:
+            for p in list(pending):
+                code = p.poll()
+                if code is None:
+                    continue
+                pending.remove(p)
+                if code != 0:
+                    raise RuntimeError(f"{p.args[1:3]} exited with {code}:\n{log_tail(p)}")
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{[p.args[1:3] for p in pending]} still running after {timeout:g} s:\n"
+                    + "\n".join(log_tail(p) for p in pending)
+                )
+            time.sleep(0.1)
+
+    def stop_all(self, grace: float = 3.0) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.05))
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        self.procs.clear()
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)  # each child leads its own session (start_new_session=True)
+    except (ProcessLookupError, PermissionError):
+        try:
+            p.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+def log_tail(p: subprocess.Popen, lines: int = 25) -> str:
+    path = getattr(p, "log_path", None)
+    if not path or not os.path.exists(path):
+        return "(no log)"
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return "".join(f.readlines()[-lines:])
+
+
+def python() -> str:
+    return sys.executable

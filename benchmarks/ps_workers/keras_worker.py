@@ -1,0 +1,135 @@
+"""One Keras 3 training process of the PS benchmark; writes its throughput as JSON.
+
+Modes:
+
+* ``plain``  — single-process Keras 3 ``fit``, no strategy.
+* ``tfdist`` — ``tfdist.ParameterServerStrategy()`` (cluster from TF_CONFIG /
+  TFDIST_CONFIG, as set by ``tfdist.testing.LocalCluster``).
+* ``mwms``   — ``tf.distribute.MultiWorkerMirroredStrategy`` (TF_CONFIG with a
+  ``worker`` job), with the two Keras 3.15 monkey-patches of DESIGN.md §1
+  applied *here only*: build from the first local replica's batch, and reduce
+  scalars with ``axis=None``.
+
+Every mode trains the same model on the same synthetic data with batch 64
+per worker for ``warmup + steps`` steps in one epoch and reports examples/s
+over the ``steps`` after the warm-up, timed at batch ends.
+
+Usage: keras_worker.py --mode plain|tfdist|mwms --model mlp|cnn --out FILE [--warmup N] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from benchmarks import _common  # noqa: E402
+
+
+def patch_keras_for_mwms() -> None:
+    """The two Keras 3.15 work-arounds for MWMS fit (keras-team/keras#20585, tensorflow#72388)."""
+    import tensorflow as tf
+    from keras.src import tree
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is None:
+            return
+        if iterator is not None:
+            for _, _, it in iterator:
+                batch = next(it)
+                if all(isinstance(x, tf.distribute.DistributedValues) for x in tree.flatten(batch)):
+                    # Build from the first local replica's batch instead of reducing a PerReplica.
+                    batch = tree.map_structure(lambda x: self.distribute_strategy.experimental_local_results(x)[0], batch)
+                data_batch = batch
+                break
+        with self.distribute_strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    original_reduce = tf_trainer.reduce_per_replica
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and tf_trainer._collective_all_reduce_multi_worker(strategy):
+
+            def _reduce(v):
+                if not tf_trainer._is_per_replica_instance(v):
+                    return v
+                rank = strategy.experimental_local_results(v)[0].shape.rank
+                return strategy.reduce("MEAN", v, axis=None if rank == 0 else 0)
+
+            return tree.map_structure(_reduce, values)
+        return original_reduce(values, strategy, reduction)
+
+    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    tf_trainer.reduce_per_replica = reduce_per_replica
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mode", required=True, choices=["plain", "tfdist", "mwms"])
+    p.add_argument("--model", required=True, choices=sorted(_common.MODELS))
+    p.add_argument("--out", required=True, help="result JSON file (for tfdist: a directory)")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--steps", type=int, default=100)
+    args = p.parse_args()
+
+    import keras
+    import tensorflow as tf
+
+    result = {"mode": args.mode, "model": args.model, "pid": os.getpid()}
+    batch = _common.BATCH
+    if args.mode == "plain":
+        strategy = None
+        worker_id = 0
+    elif args.mode == "tfdist":
+        import tfdist
+
+        strategy = tfdist.ParameterServerStrategy()
+        worker_id = strategy.worker_id
+    else:
+        patch_keras_for_mwms()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        worker_id = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        batch = _common.BATCH * strategy.num_replicas_in_sync  # global batch; 64 per worker
+    result["worker_id"] = worker_id
+
+    def build():
+        model = _common.make_model(keras, args.model)
+        _common.compile_model(keras, model)
+        return model
+
+    if strategy is None:
+        model = build()
+    else:
+        with strategy.scope():
+            model = build()
+    ds = _common.synthetic_dataset(args.model, batch, seed=worker_id)
+    timer = _common.step_timer_class(keras)()
+    model.fit(ds, epochs=1, steps_per_epoch=args.warmup + args.steps, verbose=0, callbacks=[timer])
+    result.update(_common.timed_window(timer.times, args.warmup, args.steps, _common.BATCH))
+    # Wall-clock stamps of the timed window, to check how the workers' windows overlap.
+    result["wall_window"] = [timer.wall[args.warmup - 1], timer.wall[args.warmup + args.steps - 1]]
+    result["params"] = int(model.count_params())
+    if args.mode == "tfdist":
+        stats = strategy.sync_stats
+        result["sync_stats"] = stats
+        result["sync_ms_per_step"] = 1e3 * stats["sync_seconds"] / max(stats["syncs"], 1)
+        result["placement"] = [[k, ps, rows] for k, ps, rows in strategy.placement_table()]
+        out = os.path.join(args.out, f"worker-{worker_id}.json")
+    elif args.mode == "mwms":
+        out = os.path.join(args.out, f"worker-{worker_id}.json")
+    else:
+        out = args.out
+    _common.write_result(out, result)
+    print(json.dumps({k: result[k] for k in ("mode", "model", "worker_id", "examples_per_s")}), flush=True)
+    if args.mode == "tfdist":
+        strategy.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
