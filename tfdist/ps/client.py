@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 
 from tfdist import constants
+from tfdist.auth import token_metadata
 from tfdist.errors import AuthError, PSRejectedError, PSUnavailableError
 from tfdist.ps import wire
 from tfdist.ps.server import METHODS as _METHODS
@@ -50,7 +51,7 @@ class PSClient:
     ):
         self.addresses = list(addresses)
         self.rpc_timeout_s = rpc_timeout_s
-        self._metadata = ((constants.AUTH_METADATA_KEY, token),) if token else ()
+        self._metadata = token_metadata(token)
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),

@@ -18,7 +18,6 @@ import TensorFlow.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 from concurrent import futures
@@ -27,6 +26,7 @@ from typing import Callable
 import grpc
 
 from tfdist import constants
+from tfdist.auth import check_token
 from tfdist.consistency import policy_from_spec
 from tfdist.consistency.base import ConsistencyPolicy
 from tfdist.errors import ConfigError, WireFormatError
@@ -165,23 +165,8 @@ class PSServer:
         return handler
 
     def _authenticate(self, context: grpc.ServicerContext) -> None:
-        if self._token is None:
-            return
-        presented = None
-        for key, value in context.invocation_metadata() or ():
-            if key == constants.AUTH_METADATA_KEY:
-                presented = value.encode() if isinstance(value, str) else value
-        if presented is None:
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "No job token presented. Every client of a tfdist parameter server must "
-                f"send the job's token (set {constants.ENV_TOKEN} or security.token).",
-            )
-        if not hmac.compare_digest(presented, self._token):
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"Wrong job token. Use the token of this job ({constants.ENV_TOKEN} or security.token).",
-            )
+        check_token(context, self._token, "the parameter server",
+                    f"set {constants.ENV_TOKEN} (or security.token) to this job's token")
 
     @staticmethod
     def _timeout(context: grpc.ServicerContext) -> float | None:
