@@ -17,6 +17,7 @@ _LAZY = {
     "BSPStrategy": "tfdist.strategies.parameter_server",
     "SSPStrategy": "tfdist.strategies.parameter_server",
     "DTSSPStrategy": "tfdist.strategies.parameter_server",
+    "AllReduceStrategy": "tfdist.strategies.all_reduce",
     "consistency": "tfdist.consistency",
     "JobConfig": "tfdist.config",
     "ClusterConfig": "tfdist.config",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 import time
 from typing import Any, Callable
 
@@ -28,6 +29,7 @@ from tfdist.straggler import (
     StragglerHistory,
     StragglerListener,
 )
+from tfdist.straggler.membership import Participation, ParticipationEngine, plan_members
 from tfdist.straggler.verdicts import json_ready
 from tfdist.callbacks.verdict_log import JsonLinesLog
 
@@ -76,6 +78,19 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
     ``straggler_count``, ``straggler_detections``, ``straggler_recoveries``,
     ``straggler_counter_w{i}`` per worker and, with ``ewma``,
     ``persistent_straggler_count``.
+
+    **Partial all-reduce.** Under a strategy that offers a
+    :class:`~tfdist.straggler.ParticipationEngine` as ``straggler_engine``
+    (``tfdist.AllReduceStrategy``), the callback also decides, at every
+    iteration boundary and identically on every worker, who takes part in the
+    next iteration (:func:`~tfdist.straggler.plan_members`): stragglers are
+    left out, and everybody takes part again in the first
+    ``profile_iterations`` of each epoch. Times are then exchanged among the
+    members only, so nobody waits for a worker that is out; a re-admitted
+    worker first receives the detectors' state and (from the engine) the
+    training state of the lowest-id member. Each worker's time is its own
+    compute: the time it waited for peers in the engine's all-reduce is
+    subtracted.
 
     In a multi-worker job call :func:`tfdist.collective.init_worker_group`
     at the top of the script on every training task. Every worker must run
@@ -132,6 +147,9 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
             epoch's threshold. Defaults to 1.
         on_straggler_detected: Callable ``hook(worker, info)``.
         on_straggler_recovered: Callable ``hook(worker, info)``.
+        engine: The :class:`~tfdist.straggler.ParticipationEngine` to drive.
+            Defaults to ``model.distribute_strategy.straggler_engine`` if the
+            strategy has one, else none.
 
     Attributes:
         history: :class:`tfdist.straggler.StragglerHistory`.
@@ -157,6 +175,7 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
         warmup_iterations: int = 1,
         on_straggler_detected: Callable[[int, StragglerEvent], None] | None = None,
         on_straggler_recovered: Callable[[int, StragglerEvent], None] | None = None,
+        engine: ParticipationEngine | None = None,
     ):
         super().__init__()
         self.threshold_config = DynamicThresholdConfig(
@@ -195,6 +214,9 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
         self._epoch = 0
         self._disabled = False
         self._warmup_left = warmup_iterations
+        self._engine_arg = engine
+        self.engine: ParticipationEngine | None = None
+        self._members: frozenset[int] = frozenset()
 
     # ------------------------------------------------------------ public API
     def subscribe(self, listener: StragglerListener | None = None, **hooks) -> StragglerListener:
@@ -226,6 +248,14 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
         return self.threshold_detector.excluded() if self.threshold_detector and self.active else frozenset()
 
     @property
+    def members(self) -> frozenset[int]:
+        """Workers taking part in the current iteration (all of them unless an engine leaves some out).
+
+        On a worker that is out, the others it lists may be out of date; it
+        learns the true members when it is re-admitted."""
+        return self._members
+
+    @property
     def active(self) -> bool:
         """Whether detection is running (``False`` after a failed exchange)."""
         return not self._disabled
@@ -239,6 +269,13 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
         self._disabled = False
         self._pending = []
         self._warmup_left = self.warmup_iterations
+        self._members = frozenset(range(n))
+        self.engine = self._resolve_engine()
+        if self._excluding and self.exchange_every != 1:
+            raise ValueError(
+                "A strategy that leaves stragglers out needs the times of every iteration to decide the next "
+                f"one's members. Received: exchange_every={self.exchange_every}. Use exchange_every=1."
+            )
         if self.log_path and self._log is None:
             if "{worker}" in self.log_path:
                 self._log = JsonLinesLog(self.log_path.format(worker=self.group.worker_id))
@@ -267,6 +304,8 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
             self.ewma_detector.start_epoch(self._epoch)
 
     def on_train_batch_begin(self, batch, logs=None):
+        if self._excluding and not self._disabled:
+            self._begin_participation()
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -283,6 +322,11 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
             self._warmup_left -= 1
             self._pending.pop()
             if not self._disabled:  # counted (steps stay Keras iterations), observed as "nobody took part"
+                self._observe([None] * self.group.size, time.time())
+            return
+        if self.group.worker_id not in self._members:  # left out: nothing computed, nothing to exchange
+            self._pending = []
+            if not self._disabled:
                 self._observe([None] * self.group.size, time.time())
             return
         if len(self._pending) >= self.exchange_every:
@@ -321,6 +365,59 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
     def _timeout(self) -> float | None:
         return self.timeout_s if self.timeout_s is not None else getattr(self.group, "timeout_s", None)
 
+    @property
+    def _excluding(self) -> bool:
+        return bool(self.engine is not None and self.engine.exclude_stragglers and self.group is not None
+                    and self.group.size > 1)
+
+    def _resolve_engine(self) -> ParticipationEngine | None:
+        if self._engine_arg is not None:
+            return self._engine_arg
+        strategy = getattr(self.model, "distribute_strategy", None) if self.model is not None else None
+        return getattr(strategy, "straggler_engine", None)
+
+    def _begin_participation(self) -> None:
+        """Decides the members of the coming iteration; re-admits workers (state sync) when needed."""
+        n, me = self.group.size, self.group.worker_id
+        det = self.threshold_detector
+        step = det.step
+        excluded = det.excluded()
+        members = plan_members(n, self._members, excluded)
+        previous = self._members
+        if not members - previous:
+            participation = Participation(step=step, members=members, left=previous - members)
+        else:
+            # Re-admission. Only the members of the last iteration know exactly who they were (a worker
+            # that was out may have missed later exclusions), so everyone says whether it took part.
+            try:
+                flags = self.group.all_gather([1.0 if me in previous else 0.0], timeout_s=self.timeout_s,
+                                              members=members if len(members) < n else None)
+                ids = sorted(members)
+                previous = frozenset(w for w, f in zip(ids, flags[:, 0]) if f > 0) or frozenset(ids[:1])
+                source = min(previous)
+                state = None
+                if me == source:
+                    state = pickle.dumps({"threshold": det.state_dict(),
+                                          "ewma": self.ewma_detector.state_dict() if self.ewma_detector else None})
+                state = pickle.loads(self.group.broadcast_bytes(
+                    state, source, members if len(members) < n else None, timeout_s=self.timeout_s))
+            except CollectiveError as e:
+                self._failed(e, step)
+                return
+            det.load_state_dict(state["threshold"])
+            if self.ewma_detector is not None and state["ewma"] is not None:
+                self.ewma_detector.load_state_dict(state["ewma"])
+            participation = Participation(step=step, members=members, joined=members - previous,
+                                          left=previous - members, source=source)
+        self.engine.begin_iteration(participation)
+        if participation.joined or participation.left:
+            self.history.participation.append(participation)
+            self._write({"type": "participation", "time": time.time(), **participation.to_dict()})
+            logger.info("iteration %d: members %s (joined %s from worker %s, left %s)", step,
+                        sorted(participation.members), sorted(participation.joined), participation.source,
+                        sorted(participation.left))
+        self._members = participation.members
+
     def _resolve_group(self):
         if self._group_arg is not None:
             return self._group_arg
@@ -347,8 +444,13 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
         payload[0], payload[1] = self._epoch, len(times)
         payload[2:2 + len(times)] = times
         step = self.threshold_detector.step if self.threshold_detector else 0
+        n = self.group.size
+        partial = self._excluding and len(self._members) < n
         try:
-            table = np.asarray(self.group.all_gather(payload, timeout_s=self.timeout_s))
+            if partial:
+                table = np.asarray(self.group.all_gather(payload, timeout_s=self.timeout_s, members=self._members))
+            else:
+                table = np.asarray(self.group.all_gather(payload, timeout_s=self.timeout_s))
         except CollectiveError as e:
             self._failed(e, step)
             return
@@ -361,7 +463,11 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
             ), step)
             return
         now = time.time()
-        rows = table[:, 2:2 + int(counts[0])].T  # [iterations, workers]
+        rows = table[:, 2:2 + int(counts[0])].T  # [iterations, workers (members)]
+        if partial:  # the workers that were out did not take part
+            full = np.full((rows.shape[0], n), np.nan)
+            full[:, sorted(self._members)] = rows
+            rows = full
         for row in rows:
             self._observe([None if math.isnan(t) else float(t) for t in row], now)
 

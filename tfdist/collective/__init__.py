@@ -11,7 +11,15 @@ from tfdist.collective.errors import (
     CollectiveSetupError,
     CollectiveTimeoutError,
 )
-from tfdist.collective.group import DEFAULT_TIMEOUT_S, WorkerGroup, get_worker_group, init_worker_group
+from tfdist.collective.group import (
+    DEFAULT_TIMEOUT_S,
+    PURPOSE_EXCHANGE,
+    PURPOSE_GRADIENTS,
+    WorkerGroup,
+    get_worker_group,
+    init_worker_group,
+    subgroup_key,
+)
 from tfdist.collective.membership import ENV_COLLECTIVE_ADDRESSES, GroupMember, GroupSpec, resolve_group
 
 __all__ = [
@@ -23,8 +31,11 @@ __all__ = [
     "ENV_COLLECTIVE_ADDRESSES",
     "GroupMember",
     "GroupSpec",
+    "PURPOSE_EXCHANGE",
+    "PURPOSE_GRADIENTS",
     "WorkerGroup",
     "get_worker_group",
     "init_worker_group",
     "resolve_group",
+    "subgroup_key",
 ]

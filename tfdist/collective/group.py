@@ -41,7 +41,10 @@ from tfdist.collective.errors import (
 )
 from tfdist.collective.membership import GroupSpec, peers_in_message, resolve_group
 
-__all__ = ["WorkerGroup", "init_worker_group", "get_worker_group", "DEFAULT_TIMEOUT_S", "GROUP_KEY"]
+__all__ = [
+    "WorkerGroup", "init_worker_group", "get_worker_group", "subgroup_key", "DEFAULT_TIMEOUT_S", "GROUP_KEY",
+    "MAX_SUBGROUP_WORKERS", "PURPOSE_EXCHANGE", "PURPOSE_GRADIENTS",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,33 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 30.0
 #: TF collective group key of the tfdist worker group (any int32 other groups do not use).
 GROUP_KEY = 7_301
+#: Subsets of the group (partial all-reduce) exist for jobs of at most this many workers.
+MAX_SUBGROUP_WORKERS = 24
+#: ``purpose`` of :func:`subgroup_key`: host-side exchanges (gather, broadcast) of a member set.
+PURPOSE_EXCHANGE = 0
+#: ``purpose`` of :func:`subgroup_key`: in-graph gradient all-reduce of a member set.
+PURPOSE_GRADIENTS = 1
+_SUBGROUP_BASE = 1 << 26
+
+
+def subgroup_key(members, purpose: int = PURPOSE_EXCHANGE) -> int:
+    """The TF collective group key of a set of worker ids, for one ``purpose``.
+
+    Every set of members gets its own key (TF fixes a group key's size and
+    devices the first time it is used), derived from the member bit mask, so
+    every worker computes the same key without talking to the others.
+
+    >>> subgroup_key({0, 2}) == subgroup_key([2, 0]) != subgroup_key({0, 1})
+    True
+    """
+    members = sorted({int(m) for m in members})
+    if not members or members[0] < 0 or members[-1] >= MAX_SUBGROUP_WORKERS:
+        raise CollectiveError(
+            f"Member sets are non-empty sets of worker ids in 0..{MAX_SUBGROUP_WORKERS - 1}. Received: {members!r}."
+        )
+    if not 0 <= purpose < 16:
+        raise CollectiveError(f"`purpose` must be in 0..15. Received: purpose={purpose!r}.")
+    return _SUBGROUP_BASE + (purpose << MAX_SUBGROUP_WORKERS) + sum(1 << m for m in members)
 
 _lock = threading.Lock()
 _group: "WorkerGroup | None" = None
@@ -71,6 +101,7 @@ class WorkerGroup:
         self.timeout_s = float(timeout_s)
         self._enabled = enabled  # False: one task, no TF set-up, collectives are local
         self._instance_key = 0
+        self._instance_keys: dict[int, int] = {}  # group key of a subset -> last instance key used
         self._lock = threading.Lock()
         self.broken: CollectiveError | None = None
 
@@ -88,8 +119,14 @@ class WorkerGroup:
         return f"WorkerGroup(worker_id={self.worker_id}, size={self.size}, timeout_s={self.timeout_s:g})"
 
     # ------------------------------------------------------------ collectives
-    def all_gather(self, values: Sequence[float] | np.ndarray, timeout_s: float | None = None) -> np.ndarray:
+    def all_gather(
+        self, values: Sequence[float] | np.ndarray, timeout_s: float | None = None, members=None
+    ) -> np.ndarray:
         """Every task's ``values`` (same length everywhere), as ``[size, len]`` in worker-id order.
+
+        With ``members`` (a set of worker ids including this one) only those
+        tasks take part, each calling with the same set; the result then has
+        one row per member, in worker-id order. The others are not waited for.
 
         Raises:
             CollectiveTimeoutError: not every task joined within the timeout.
@@ -97,20 +134,113 @@ class WorkerGroup:
             CollectiveError: the group failed earlier, or tasks sent different lengths.
         """
         row = np.concatenate([[float(self.worker_id)], np.asarray(values, dtype=np.float64).ravel()])
-        if not self._enabled:
+        ids = self._members(members)
+        if not self._enabled or len(ids) == 1:
             return row[None, 1:]
-        flat = self._run("CollectiveGatherV2", row, timeout_s)
-        if flat.size != self.size * row.size:
+        flat = self._run("CollectiveGatherV2", row, timeout_s, members=ids)
+        if flat.size != len(ids) * row.size:
             raise self._fail(CollectiveError(
-                f"all_gather: tasks sent different lengths (got {flat.size} values for {self.size} tasks x "
+                f"all_gather: tasks sent different lengths (got {flat.size} values for {len(ids)} tasks x "
                 f"{row.size}). Every task must call the same collectives in the same order."
             ))
-        table = flat.reshape(self.size, row.size)
+        table = flat.reshape(len(ids), row.size)
         order = np.argsort(table[:, 0], kind="stable")
         table = table[order]
-        if table[:, 0].tolist() != list(range(self.size)):
-            raise self._fail(CollectiveError(f"all_gather: worker ids {table[:, 0].tolist()} are not 0..{self.size - 1}."))
+        if table[:, 0].tolist() != [float(i) for i in ids]:
+            raise self._fail(CollectiveError(f"all_gather: worker ids {table[:, 0].tolist()} are not {list(ids)}."))
         return table[:, 1:]
+
+    def broadcast(
+        self,
+        values: np.ndarray | None,
+        source: int,
+        members=None,
+        *,
+        shape: Sequence[int] | None = None,
+        dtype: str | np.dtype = "float64",
+        timeout_s: float | None = None,
+    ) -> np.ndarray:
+        """Worker ``source``'s ``values`` on every member (``members``: defaults to all).
+
+        The source passes ``values``; the others pass ``shape`` and ``dtype``
+        (which must match the source's). Dtypes: bool, float32/64, int32/64.
+        """
+        ids = self._members(members)
+        if source not in ids:
+            raise CollectiveError(f"broadcast: source {source} is not among the members {list(ids)}.")
+        sending = self.worker_id == source
+        if sending:
+            arr = np.asarray(values)
+        else:
+            if shape is None:
+                raise CollectiveError("broadcast: a receiving worker must pass `shape=` (and `dtype=`).")
+            arr = np.zeros(tuple(shape), dtype=np.dtype(dtype))
+        if not self._enabled or len(ids) == 1:
+            return arr.copy()
+        return self._run("CollectiveBcastSendV2" if sending else "CollectiveBcastRecvV2", arr, timeout_s, members=ids)
+
+    def broadcast_bytes(self, data: bytes | None, source: int, members=None, timeout_s: float | None = None) -> bytes:
+        """Worker ``source``'s ``data`` (any bytes, e.g. a pickle) on every member."""
+        ids = self._members(members)
+        length = np.array([len(data) if self.worker_id == source else 0], dtype=np.int64)
+        n = int(self.broadcast(length if self.worker_id == source else None, source, ids, shape=(1,),
+                               dtype="int64", timeout_s=timeout_s)[0])
+        words = (n + 7) // 8
+        payload = None
+        if self.worker_id == source:
+            payload = np.frombuffer(data + b"\0" * (words * 8 - n), dtype=np.int64)
+        out = self.broadcast(payload, source, ids, shape=(words,), dtype="int64", timeout_s=timeout_s)
+        return out.tobytes()[:n]
+
+    def reserve(self, members=None, purpose: int = PURPOSE_GRADIENTS, count: int = 1) -> tuple[int, int, int]:
+        """``(group_size, group_key, first instance_key)`` for ``count`` collectives a caller runs itself
+        (in a graph), with instance keys ``first .. first + count - 1``.
+
+        Every member must reserve for the same member set and purpose in the
+        same order; instance keys count per group key, so workers outside the
+        set do not fall out of step.
+        """
+        ids = self._members(members)
+        with self._lock:
+            if self.broken is not None:
+                raise CollectiveError(f"The worker group failed earlier ({self.broken}).", peers=self.broken.peers)
+            key = subgroup_key(ids, purpose)
+            instance = self._instance_keys.get(key, 0) + 1
+            self._instance_keys[key] = instance + count - 1
+            return len(ids), key, instance
+
+    def translate(self, error: BaseException, what: str = "collective") -> CollectiveError:
+        """A TF error raised by a collective (e.g. from a graph) as a :class:`CollectiveError`.
+
+        Marks the group broken (TF aborts every later collective of the process).
+        """
+        import tensorflow as tf
+
+        if isinstance(error, CollectiveError):
+            return error
+        if isinstance(error, tf.errors.DeadlineExceededError):
+            return self._fail(CollectiveTimeoutError(
+                f"{what} of worker {self.worker_id} did not complete within {self.timeout_s:g} s (setting "
+                f"`timeout_s`): a peer hangs or is far slower. TF: {_first_line(error)}"
+            ))
+        msg = getattr(error, "message", str(error))
+        peers = peers_in_message(msg, self.spec)
+        named = ", ".join(f"worker {p} ({self.spec.members[p].job}:{self.spec.members[p].index})" for p in peers)
+        return self._fail(CollectivePeerError(
+            f"{what} of worker {self.worker_id} failed: {named or 'a peer'} is unreachable (its process died or "
+            f"its collective port is closed). TF: {_first_line(error)}", peers=peers
+        ))
+
+    def _members(self, members) -> tuple[int, ...]:
+        if members is None:
+            return tuple(range(self.size))
+        ids = tuple(sorted({int(m) for m in members}))
+        if not ids or ids[0] < 0 or ids[-1] >= self.size or self.worker_id not in ids:
+            raise CollectiveError(
+                f"`members` must be worker ids in 0..{self.size - 1} including this worker ({self.worker_id}). "
+                f"Received: members={members!r}."
+            )
+        return ids
 
     def all_reduce_min(self, values: Sequence[float] | np.ndarray, timeout_s: float | None = None) -> np.ndarray:
         """Element-wise minimum of every task's ``values``."""
@@ -119,7 +249,8 @@ class WorkerGroup:
             return arr.copy()
         return self._run("CollectiveReduceV2", arr, timeout_s, merge_op="Min")
 
-    def _run(self, op: str, values: np.ndarray, timeout_s: float | None, **attrs) -> np.ndarray:
+    def _run(self, op: str, values: np.ndarray, timeout_s: float | None, members: tuple[int, ...] | None = None,
+             **attrs) -> np.ndarray:
         import tensorflow as tf
 
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
@@ -130,18 +261,29 @@ class WorkerGroup:
                     "process after a failure. Restart the task to exchange again.",
                     peers=self.broken.peers,
                 )
-            self._instance_key += 1
-            key = self._instance_key
+            if members is None or len(members) == self.size:
+                self._instance_key += 1
+                key, group_key, size = self._instance_key, GROUP_KEY, self.size
+            else:  # a subset: its own group key and instance counter
+                group_key, size = subgroup_key(members, PURPOSE_EXCHANGE), len(members)
+                key = self._instance_keys.get(group_key, 0) + 1
+                self._instance_keys[group_key] = key
             start = time.monotonic()
             try:
                 with tf.device(self.spec.me.device):
-                    x = tf.constant(values, dtype=tf.float64)
-                    kwargs = dict(input=x, group_size=self.size, group_key=GROUP_KEY, instance_key=key,
-                                  ordering_token=[], timeout_seconds=timeout)
-                    if op == "CollectiveGatherV2":
-                        out = tf.raw_ops.CollectiveGatherV2(**kwargs)
+                    common = dict(group_size=size, group_key=group_key, instance_key=key, timeout_seconds=timeout)
+                    if op == "CollectiveBcastSendV2":
+                        out = tf.raw_ops.CollectiveBcastSendV2(input=tf.constant(values), **common)
+                    elif op == "CollectiveBcastRecvV2":
+                        out = tf.raw_ops.CollectiveBcastRecvV2(
+                            shape=tf.constant(values.shape, dtype=tf.int64), T=tf.as_dtype(values.dtype), **common)
                     else:
-                        out = tf.raw_ops.CollectiveReduceV2(final_op="Id", **attrs, **kwargs)
+                        x = tf.constant(values, dtype=tf.float64)
+                        if op == "CollectiveGatherV2":
+                            out = tf.raw_ops.CollectiveGatherV2(input=x, ordering_token=[], **common)
+                        else:
+                            out = tf.raw_ops.CollectiveReduceV2(input=x, ordering_token=[], final_op="Id", **attrs,
+                                                                **common)
                     return out.numpy()
             except tf.errors.DeadlineExceededError as e:
                 raise self._fail(CollectiveTimeoutError(
@@ -168,7 +310,8 @@ class WorkerGroup:
 
 def _first_line(e: Exception) -> str:
     text = getattr(e, "message", None) or str(e)
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("Graph execution error", "Detected at node"))]
+    lines = [ln for ln in lines if not ln.lstrip().startswith(("File ", "[["))] or lines
     return (lines[0] if lines else type(e).__name__)[:400]
 
 

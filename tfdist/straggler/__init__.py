@@ -8,6 +8,9 @@ verdicts; :mod:`tfdist.callbacks` measures and exchanges the numbers and acts.
   [0, limit] (seed paper 000, Algorithm 1).
 * :class:`EwmaDetector` — EWMA of throughput / median throughput below 0.8
   (Or et al., MLSys 2020; seed 002).
+* :func:`plan_members` / :class:`Participation` — who takes part in each
+  iteration when stragglers are left out (partial all-reduce), and
+  :class:`ParticipationEngine`, what an engine offers the callback.
 """
 
 from tfdist.straggler.dynamic_threshold import (
@@ -21,6 +24,7 @@ from tfdist.straggler.dynamic_threshold import (
 from tfdist.straggler.events import EventDispatcher, StragglerListener
 from tfdist.straggler.ewma import EwmaConfig, EwmaDetector, throughput_ratios
 from tfdist.straggler.history import ExchangeFailure, StragglerHistory
+from tfdist.straggler.membership import Participation, ParticipationEngine, plan_members, plan_participation
 from tfdist.straggler.verdicts import (
     DetectorName,
     EpochSummary,
@@ -45,9 +49,13 @@ __all__ = [
     "EwmaVerdict",
     "ExchangeFailure",
     "IterationVerdict",
+    "Participation",
+    "ParticipationEngine",
     "StragglerEvent",
     "StragglerHistory",
     "StragglerListener",
     "default_limit",
+    "plan_members",
+    "plan_participation",
     "throughput_ratios",
 ]

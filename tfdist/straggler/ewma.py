@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -145,6 +146,18 @@ class EwmaDetector:
     @property
     def stragglers(self) -> frozenset[int]:
         return frozenset(self._stragglers)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A copy of the detector's whole state (picklable), for :meth:`load_state_dict` on another worker.
+
+        A worker that was left out of some iterations loads a member's state
+        when it is re-admitted, so every worker again reaches the same verdicts.
+        """
+        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in ("config", "num_workers")})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replaces the state with one from :meth:`state_dict` (same ``num_workers`` and config)."""
+        self.__dict__.update(copy.deepcopy(state))
 
     def start_epoch(self, epoch: int | None = None) -> None:
         """Sets the epoch number copied into events (windows span epochs)."""

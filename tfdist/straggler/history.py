@@ -55,6 +55,8 @@ class StragglerHistory:
             recorded).
         ewma: Per EWMA window, every worker's moving average.
         failures: Exchanges that failed (see :class:`ExchangeFailure`).
+        participation: Every change of the members of an iteration when an
+            engine leaves stragglers out (:class:`~tfdist.straggler.Participation`).
     """
 
     epochs: list[EpochSummary] = field(default_factory=list)
@@ -63,6 +65,7 @@ class StragglerHistory:
     times: list[tuple[float | None, ...]] = field(default_factory=list)
     ewma: list[tuple[float, ...]] = field(default_factory=list)
     failures: list[ExchangeFailure] = field(default_factory=list)
+    participation: list[Any] = field(default_factory=list)
 
     def detections(self, worker: int | None = None, detector: str | None = None) -> list[StragglerEvent]:
         """Detection events, optionally of one worker and/or one detector."""
@@ -87,4 +90,5 @@ class StragglerHistory:
             "times": _clean([list(t) for t in self.times]),
             "ewma": _clean([list(e) for e in self.ewma]),
             "failures": [f.to_dict() for f in self.failures],
+            "participation": [p.to_dict() for p in self.participation],
         }

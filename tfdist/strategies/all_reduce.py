@@ -1,0 +1,388 @@
+"""``tfdist.AllReduceStrategy``: synchronous all-reduce over TF collective ops that leaves stragglers out.
+
+Every worker process is one replica and runs the user's unchanged script
+(between-graph replication, like Horovod). Each training step all-reduces the
+gradients of the workers that take part in it with
+``tf.raw_ops.CollectiveReduceV2`` — no parameter server, no
+MultiWorkerMirroredStrategy — and every member applies the same mean gradient
+with its own Keras optimizer, so members stay bit-identical.
+
+With :class:`tfdist.callbacks.StragglerDetector` in ``fit``'s callbacks the
+strategy does **partial all-reduce** (the DPAR idea the seed paper builds on,
+``shared/seeds/000_*`` §2.3 and §4.2): a worker the detector flags is left out
+of the reduction (the remaining members use a collective group of their own,
+keyed by the member set), skips its steps — no compute, no update, no waiting —
+and takes part again in the first ``profile_iterations`` of every epoch, when
+recovery can be seen. When it is re-admitted it first receives the weights and
+optimizer state of the lowest-id member (``CollectiveBcastSendV2/RecvV2``), so
+it rejoins identical. Membership changes only at iteration boundaries, decided
+by the callback from verdicts that are identical on every worker.
+
+Loss scaling: Keras divides each worker's loss by ``num_replicas_in_sync``
+(= the number of workers N) and SUMs the gradients. With all N members the
+sum is the mean gradient; with a subset S of members the sum is rescaled by
+N/|S|, so **the update is always the mean gradient of the members**
+(the effective learning rate does not change when workers are left out).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist._tf_compat import OneDeviceExtended, StrategyBase
+from tfdist.collective import DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup, get_worker_group
+from tfdist.straggler.membership import Participation, ParticipationEngine
+from tfdist.testing.slowdown import ENV_SLOWDOWN, Slowdown, slowdown_from_env
+
+__all__ = ["AllReduceStrategy"]
+
+logger = logging.getLogger(__name__)
+
+_SYNCED_AGGREGATIONS = (tf.VariableAggregation.NONE, tf.VariableAggregation.MEAN,
+                        tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+
+def _is_training_state(name: str, kwargs: dict) -> bool:
+    """Model weights, non-trainable layer state and optimizer variables (not metrics, not seeds)."""
+    if "seed_generator" in name:
+        return False
+    if kwargs.get("colocate_with") is not None:  # optimizer slots
+        return True
+    return kwargs.get("aggregation", tf.VariableAggregation.NONE) in _SYNCED_AGGREGATIONS
+
+
+class _AllReduceRuntime(ParticipationEngine):
+    """Host-side state read by the graph (through ``tf.py_function``) and driven by the callback."""
+
+    def __init__(self, group: WorkerGroup, exclude_stragglers: bool, slowdown: Any, timeout_s: float):
+        self.group = group
+        self.size = group.size
+        self.worker_id = group.worker_id
+        self.exclude_stragglers = exclude_stragglers
+        self.slowdown = slowdown
+        self.timeout_s = float(timeout_s)
+        self.members: frozenset[int] = frozenset(range(self.size))
+        self.variables: list[tf.Variable] = []
+        self.step = 0  # training steps begun, members or not (the same count on every worker)
+        self.stats = {"steps": 0, "skipped": 0, "partial_steps": 0, "resyncs": 0, "resync_s": 0.0, "wait_s": 0.0}
+        self._lock = threading.Lock()
+        self._begun = 0.0
+        self._reduce_start: float | None = None
+        self._wait = 0.0
+        self._recent: list[float] = []
+
+    @property
+    def last_wait_s(self) -> float:
+        return self._wait
+
+    # ----------------------------------------------------------- graph side
+    def begin_step(self, training: bool) -> bool:
+        """Runs at the start of every step; returns whether this worker computes it."""
+        if not training:
+            return True
+        step, self.step = self.step, self.step + 1
+        self._wait = 0.0
+        self._reduce_start = None
+        if self.worker_id not in self.members:
+            self.stats["skipped"] += 1
+            return False
+        self.stats["steps"] += 1
+        if len(self.members) < self.size:
+            self.stats["partial_steps"] += 1
+        if self.slowdown is not None:  # emulated slowness: part of this step's compute
+            compute = sorted(self._recent)[len(self._recent) // 2] if self._recent else 0.0
+            pause = self.slowdown.sleep_for(step, compute)
+            if pause > 0:
+                time.sleep(pause)
+        self._begun = time.perf_counter()
+        return True
+
+    def reduce_params(self, count: int) -> tuple[np.int32, np.int32, np.int32, np.float64]:
+        """``(group_size, group_key, first instance_key, scale)`` of this step's gradient all-reduce."""
+        now = time.perf_counter()
+        if self._begun:
+            self._recent = (self._recent + [now - self._begun])[-5:]
+        self._reduce_start = now
+        members = self.members
+        if len(members) == 1:
+            return np.int32(1), np.int32(0), np.int32(0), np.float64(self.size)
+        size, key, instance = self.group.reserve(members, PURPOSE_GRADIENTS, count=count)
+        return np.int32(size), np.int32(key), np.int32(instance), np.float64(self.size / size)
+
+    def reduce_done(self) -> np.int64:
+        if self._reduce_start is not None:
+            self._wait = time.perf_counter() - self._reduce_start
+            self.stats["wait_s"] += self._wait
+        return np.int64(0)
+
+    # --------------------------------------------------------- engine side
+    def begin_iteration(self, participation: Participation) -> None:
+        if participation.joined and self.worker_id in (participation.joined | {participation.source}):
+            self.resync(participation.source, participation.joined)
+        self.members = frozenset(participation.members)
+
+    def resync(self, source: int, joined) -> None:
+        """Copies the training state (weights, optimizer state) of ``source`` to the ``joined`` workers."""
+        start = time.perf_counter()
+        group = frozenset(joined) | {source}
+        by_dtype: dict[str, list[tf.Variable]] = {}
+        for v in self.variables:
+            by_dtype.setdefault(v.dtype.name, []).append(v)
+        for dtype, variables in sorted(by_dtype.items()):
+            sizes = [int(np.prod(v.shape)) for v in variables]
+            np_dtype = np.dtype(variables[0].dtype.as_numpy_dtype)
+            flat = None
+            if self.worker_id == source:
+                flat = np.concatenate([np.ravel(v.numpy()) for v in variables]).astype(np_dtype, copy=False)
+            values = self.group.broadcast(flat, source, group, shape=(sum(sizes),), dtype=np_dtype,
+                                          timeout_s=self.timeout_s)
+            if self.worker_id != source:
+                offset = 0
+                for v, n in zip(variables, sizes):
+                    v.assign(values[offset:offset + n].reshape(v.shape))
+                    offset += n
+        self.stats["resyncs"] += 1
+        self.stats["resync_s"] += time.perf_counter() - start
+        logger.info("worker %d: training state of worker %d copied to %s (%d variables, %.3f s)", self.worker_id,
+                    source, sorted(joined), len(self.variables), time.perf_counter() - start)
+
+
+class AllReduceExtended(OneDeviceExtended):
+    """Hooks: gradients all-reduced across the members of each step; non-members skip the step."""
+
+    def __init__(self, container_strategy, runtime: _AllReduceRuntime, device: str = "/cpu:0"):
+        super().__init__(container_strategy, device)
+        self._runtime = runtime
+        self._tracing_training_step = False
+
+    @property
+    def _num_replicas_in_sync(self):
+        return self._runtime.size
+
+    def _create_variable(self, next_creator, **kwargs):
+        var = super()._create_variable(next_creator, **kwargs)
+        if _is_training_state(str(kwargs.get("name") or ""), kwargs):
+            self._runtime.variables.append(var)
+        return var
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        self._tracing_training_step = True
+        runtime = self._runtime
+        dense = [tf.convert_to_tensor(v) for v, _ in value_destination_pairs]  # IndexedSlices travel dense
+        if runtime.size == 1 or not dense:
+            return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
+        dtypes = sorted({d.dtype.name for d in dense})
+        with tf.control_dependencies(dense):  # the gradients are ready: this worker's compute is done
+            size, key, instance, scale = tf.py_function(
+                lambda: runtime.reduce_params(len(dtypes)), [], [tf.int32, tf.int32, tf.int32, tf.float64],
+                name="tfdist_allreduce_params")
+        mean = reduce_op == tf.distribute.ReduceOp.MEAN
+        out: list[tf.Tensor | None] = [None] * len(dense)
+        reduced_all = []
+        for j, dtype in enumerate(dtypes):
+            idx = [i for i, d in enumerate(dense) if d.dtype.name == dtype]
+            flat = tf.concat([tf.reshape(dense[i], [-1]) for i in idx], axis=0)
+
+            def all_reduce(flat=flat, j=j):
+                return tf.raw_ops.CollectiveReduceV2(
+                    input=flat, group_size=size, group_key=key, instance_key=instance + j, ordering_token=[],
+                    merge_op="Add", final_op="Id", timeout_seconds=runtime.timeout_s)
+
+            reduced = tf.cond(size > 1, all_reduce, lambda flat=flat: tf.identity(flat))
+            # SUM of loss/N-scaled gradients over the members, rescaled to their mean (N/|S|); MEAN: / |S|
+            factor = 1.0 / tf.cast(size, tf.float64) if mean else scale
+            reduced = reduced * tf.cast(factor, reduced.dtype)
+            reduced_all.append((idx, reduced))
+        with tf.control_dependencies([r for _, r in reduced_all]):
+            done = tf.py_function(runtime.reduce_done, [], tf.int64, name="tfdist_allreduce_done")
+        with tf.control_dependencies([done]):
+            for idx, reduced in reduced_all:
+                offset = 0
+                for i in idx:
+                    n = dense[i].shape.num_elements()
+                    out[i] = tf.reshape(reduced[offset:offset + n], tf.shape(dense[i]))
+                    out[i] = tf.ensure_shape(out[i], dense[i].shape)
+                    offset += n
+        return out
+
+    def _update(self, var, fn, args, kwargs, group):
+        self._tracing_training_step = True
+        return super()._update(var, fn, args, kwargs, group)
+
+    def _call_for_each_replica(self, fn, args, kwargs):
+        runtime = self._runtime
+        trace = {"training": False}  # known once fn has been traced; read when the step runs
+        member = tf.py_function(lambda: runtime.begin_step(trace["training"]), [], tf.bool,
+                                name="tfdist_begin_step")
+        member = tf.ensure_shape(member, [])
+        self._tracing_training_step = False
+        traced: dict[str, Any] = {}
+
+        def run():
+            result = super(AllReduceExtended, self)._call_for_each_replica(fn, args, kwargs)
+            traced["result"] = result
+            return result
+
+        def skip():  # a worker left out of this step computes nothing (the values are placeholders)
+            return tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), traced["result"])
+
+        result = tf.cond(member, run, skip)
+        trace["training"] = self._tracing_training_step
+        return result
+
+
+class AllReduceStrategy(StrategyBase):
+    """Synchronous data-parallel training over TF collective ops; stragglers are left out.
+
+    Every worker process is a replica. Call
+    :func:`tfdist.collective.init_worker_group` first thing in the script (it
+    sets up TF's collective runtime, which must happen before any TF op),
+    then build the strategy. Add :class:`tfdist.callbacks.StragglerDetector`
+    to ``fit`` to leave detected stragglers out of the all-reduce and re-admit
+    them (resynchronised) when they recover.
+
+    Example:
+
+    ```python
+    import tfdist.collective
+    tfdist.collective.init_worker_group()            # FIRST: before any TF op (cluster from TF_CONFIG)
+
+    import keras, tfdist
+    strategy = tfdist.AllReduceStrategy()
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(my_shard_of_the_data, epochs=10, steps_per_epoch=100,
+              callbacks=[tfdist.callbacks.StragglerDetector()])
+    ```
+
+    Each worker feeds its own shard; every worker must run the same number of
+    steps per epoch (pass ``steps_per_epoch``). ``num_replicas_in_sync`` is
+    the number of workers N; the update of every step is the mean gradient
+    of the workers that take part in it.
+
+    A worker left out of a step skips it entirely (its batch is not used,
+    its per-batch logs show zeros for that step; epoch logs are its metrics
+    over the steps it ran). Every collective has ``timeout_s``: a dead peer
+    makes ``fit`` raise a TF ``UnavailableError`` at once, a hung one a
+    ``DeadlineExceededError`` after ``timeout_s``
+    (:meth:`translate_error` turns either into a
+    :class:`tfdist.collective.CollectiveError` naming the peer).
+
+    Args:
+        group: The :class:`tfdist.collective.WorkerGroup`. Defaults to the one
+            :func:`tfdist.collective.init_worker_group` set up; without one
+            (no ``TF_CONFIG``) the strategy trains as a single worker.
+        exclude_stragglers: Leave the workers the detector flags out of the
+            all-reduce. ``False`` gives plain synchronous training (the
+            detector still detects). Defaults to ``True``.
+        timeout_s: Timeout of every collective (gradient all-reduce,
+            re-admission broadcast). Defaults to the group's timeout (30 s).
+        slowdown: Emulated slowness of this worker (tests, benchmarks): a
+            :class:`tfdist.testing.Slowdown` or any object with
+            ``sleep_for(step, compute_s) -> seconds``, slept at the start of
+            every step this worker computes. Defaults to this task's entry of
+            ``TFDIST_SLOWDOWN``, if any.
+    """
+
+    def __init__(
+        self,
+        group: WorkerGroup | None = None,
+        *,
+        exclude_stragglers: bool = True,
+        timeout_s: float | None = None,
+        slowdown: Slowdown | Any | None = None,
+    ):
+        group = group or get_worker_group()
+        if group is None:
+            from tfdist.collective.group import WorkerGroup as _Group
+            from tfdist.collective.membership import resolve_group
+
+            group = _Group(resolve_group({"worker": ["127.0.0.1:1"]}, "worker", 0), enabled=False)
+            logger.info("AllReduceStrategy: no worker group (no TF_CONFIG): training as a single worker")
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                      or timeout_s <= 0):
+            raise ValueError(f"`timeout_s` must be a positive number of seconds. Received: timeout_s={timeout_s!r}.")
+        if group.size > 24:
+            raise CollectiveSetupError(
+                f"AllReduceStrategy supports at most 24 workers (one collective group per member set). "
+                f"Received: a group of {group.size} workers."
+            )
+        if slowdown is None:
+            member = group.spec.me
+            slowdown = slowdown_from_env(f"{member.job}:{member.index}")
+            if slowdown is not None:
+                logger.warning("%s:%d is slowed down on purpose (%s): %s", member.job, member.index, ENV_SLOWDOWN,
+                               slowdown)
+        self._runtime = _AllReduceRuntime(group, bool(exclude_stragglers), slowdown,
+                                          timeout_s if timeout_s is not None else group.timeout_s or DEFAULT_TIMEOUT_S)
+        super().__init__(AllReduceExtended(self, self._runtime))
+        logger.info("AllReduceStrategy: worker %d of %d, exclude_stragglers=%s, timeout_s=%g, slowdown=%s",
+                    group.worker_id, group.size, exclude_stragglers, self._runtime.timeout_s, slowdown)
+
+    @property
+    def straggler_engine(self) -> ParticipationEngine:
+        """What :class:`tfdist.callbacks.StragglerDetector` drives (found through ``model.distribute_strategy``)."""
+        return self._runtime
+
+    @property
+    def last_step_wait_seconds(self) -> float:
+        """Seconds the last training step waited in the gradient all-reduce (for the peers).
+
+        :class:`tfdist.callbacks.StragglerDetector` subtracts it from the
+        step's time, so each worker's time is its own compute."""
+        return self._runtime.last_wait_s
+
+    @property
+    def worker_id(self) -> int:
+        return self._runtime.worker_id
+
+    @property
+    def num_workers(self) -> int:
+        return self._runtime.size
+
+    @property
+    def members(self) -> frozenset[int]:
+        """Workers taking part in the current step."""
+        return self._runtime.members
+
+    @property
+    def stats(self) -> dict:
+        """This worker's counters: steps computed, skipped, partial, resyncs, seconds waiting in all-reduces."""
+        return dict(self._runtime.stats)
+
+    def set_members(self, members, source: int | None = None) -> None:
+        """Sets who takes part from the next step on, without a detector.
+
+        Call it identically on every worker between steps (e.g. from your own
+        callback's ``on_train_batch_begin``). Workers added to the members
+        first copy the training state of ``source`` (defaults to the lowest-id
+        current member that stays).
+        """
+        members = frozenset(int(m) for m in members)
+        if not members or not members <= frozenset(range(self._runtime.size)):
+            raise ValueError(f"`members` must be a non-empty set of worker ids in 0..{self._runtime.size - 1}. "
+                             f"Received: members={sorted(members)!r}.")
+        previous = self._runtime.members
+        joined = members - previous
+        if joined and source is None:
+            kept = sorted(previous & members)
+            if not kept:
+                raise ValueError("No current member stays to copy the training state from; pass `source=`.")
+            source = kept[0]
+        self._runtime.begin_iteration(Participation(step=self._runtime.step, members=members, joined=joined,
+                                                    left=previous - members, source=source if joined else None))
+
+    def translate_error(self, error: BaseException):
+        """A TF error raised by ``fit`` (dead or hung peer) as a :class:`tfdist.collective.CollectiveError`."""
+        return self._runtime.group.translate(error, "gradient all-reduce")
+
+    def training_state_variables(self) -> list[tf.Variable]:
+        """The variables copied to a re-admitted worker, in creation order (weights, optimizer state)."""
+        return list(self._runtime.variables)
