@@ -1,5 +1,6 @@
 """tf.distribute strategies for Keras 3."""
 
+from tfdist.strategies.all_reduce import AllReduceStrategy
 from tfdist.strategies.parameter_server import (
     BSPStrategy,
     DTSSPStrategy,
@@ -10,6 +11,7 @@ from tfdist.strategies.parameter_server import (
 )
 
 __all__ = [
+    "AllReduceStrategy",
     "BSPStrategy",
     "DTSSPStrategy",
     "ParameterServerStrategy",
