@@ -340,6 +340,24 @@ class AllReduceStrategy(StrategyBase):
         return self._runtime.last_wait_s
 
     @property
+    def exclude_stragglers(self) -> bool:
+        """Whether detected stragglers are left out (settable between ``fit`` calls, same on every worker)."""
+        return self._runtime.exclude_stragglers
+
+    @exclude_stragglers.setter
+    def exclude_stragglers(self, value: bool) -> None:
+        self._runtime.exclude_stragglers = bool(value)
+
+    @property
+    def slowdown(self):
+        """The emulated slowness of this worker (settable between ``fit`` calls), or ``None``."""
+        return self._runtime.slowdown
+
+    @slowdown.setter
+    def slowdown(self, value) -> None:
+        self._runtime.slowdown = value
+
+    @property
     def worker_id(self) -> int:
         return self._runtime.worker_id
 
