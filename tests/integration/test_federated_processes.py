@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tfdist import federated as fl
+from tfdist.federated.testing import CrashingClientUpdate
 
 pytestmark = pytest.mark.integration
 
@@ -79,34 +80,21 @@ def _is_zombie(pid):
         return True
 
 
-class FailingUpdate(fl.KerasClientUpdate):
-    """Raises inside the worker on the first client it trains."""
-
-    def train(self, task, x, y):
-        raise ValueError(f"boom on client {task.client_id}")
-
-
-class DyingUpdate(fl.KerasClientUpdate):
-    """Exits the worker process hard, like a native crash or an OOM kill."""
-
-    def train(self, task, x, y):
-        os._exit(7)
-
-
 def test_worker_exception_stops_the_run_with_its_traceback(small, no_children_left):
     data, _ = small
-    sim = _sim(data, None, 2, strategy=fl.FedAvg(clients_per_round=5), rounds=3, client_update=FailingUpdate())
-    with pytest.raises(fl.WorkerCrashedError, match="boom on client") as err:
+    update = CrashingClientUpdate(fail_after=2, message="boom")
+    sim = _sim(data, None, 2, strategy=fl.FedAvg(clients_per_round=5), rounds=3, client_update=update)
+    with pytest.raises(fl.WorkerCrashedError, match=r"boom \(client \d+\)") as err:
         sim.run()
     assert err.value.worker.startswith("train-worker-")
-    assert "Traceback" in err.value.remote_traceback and "FailingUpdate" not in str(type(err.value))
+    assert "Traceback" in err.value.remote_traceback and "RuntimeError: boom" in err.value.remote_traceback
     assert "in train" in err.value.remote_traceback
     assert not mp.active_children()
 
 
 def test_dead_worker_is_noticed_and_the_others_are_stopped(small, no_children_left):
     data, test = small
-    sim = _sim(data, test, 2, strategy=fl.FedAvg(clients_per_round=5), rounds=3, client_update=DyingUpdate())
+    sim = _sim(data, test, 2, strategy=fl.FedAvg(clients_per_round=5), rounds=3, client_update=CrashingClientUpdate(exit_code=7))
     with pytest.raises(fl.WorkerCrashedError, match="exit code 7"):
         sim.run()
     assert not mp.active_children()
