@@ -30,12 +30,13 @@ def test_input_task_feeds_every_worker_each_example_once_per_epoch(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     workers = [json.loads((out / f"worker-{i}.json").read_text()) for i in range(2)]
     ledger = (tmp_path / "logs" / "input-0.log").read_text()
+    fits = [fit for w in workers for fit in w["seen"]]
+    assert all(fit["epoch"] in (0, 1) or not fit["ids"] for fit in fits), fits
     for epoch in range(2):
         # the server acknowledged every example exactly once ...
         assert f"epoch {epoch} complete: 1797 examples acknowledged" in ledger
-        # ... and no example reached two workers. (Keras/tf.data may acknowledge a batch it then
-        # drops at an epoch end, so what the workers' pipelines saw can fall short of 1797.)
-        ids = [i for w in workers for i in w["seen"][epoch]]
-        assert len(ids) == len(set(ids)) and set(ids) <= set(range(1797))
-        assert len(ids) >= 0.9 * 1797, len(ids)
-    assert all(w["syncs"] > 0 and w["seen"][0] for w in workers)  # both trained, through the PS
+        # ... and the workers' pipelines (hence their training steps) saw each exactly once
+        ids = sorted(i for fit in fits if fit["epoch"] == epoch for i in fit["ids"])
+        assert ids == list(range(1797)), (epoch, len(ids), len(set(ids)))
+    assert all(w["syncs"] > 0 for w in workers)  # both trained, through the PS
+    assert any(fit["ids"] for fit in workers[0]["seen"]) and any(fit["ids"] for fit in workers[1]["seen"])

@@ -284,3 +284,37 @@ def test_fit_from_the_shared_queue_in_two_epochs():
             model.fit(ds, initial_epoch=epoch, epochs=epoch + 1, verbose=0)
         queue.disconnect()
     assert audit.exactly_once(0, n) and audit.exactly_once(1, n)
+
+
+def test_an_abandoned_iteration_does_not_end_the_epoch_and_nothing_is_delivered_twice():
+    """An iteration closed early (a `break`, steps_per_epoch, Keras's build peek before the fix)."""
+    pytest.importorskip("tensorflow")
+
+    audit = Audit()
+    n = 96
+    with served(audit, n, num_epochs=2) as server:
+        queue = SharedQueue(server.address, token=TOKEN)
+        try:
+            # a plain generator: the batch the caller took counts as delivered, the epoch goes on
+            gen = queue.batches(8)
+            first = next(gen)["id"].tolist()
+            gen.close()
+            assert queue.last_epoch == -1
+            rest = [i for b in queue.batches(8) for i in b["id"].tolist()]
+            assert sorted(first + rest) == list(range(n)) and queue.last_epoch == 0
+
+            # a tf.data iterator abandoned after one batch: what its input pipeline had fetched
+            # (prefetch included, and a batch in flight when it was destroyed, which the map never
+            # sees) counts as delivered; the next iteration continues the same epoch with the rest
+            ds = queue.as_dataset(batch_size=8)
+            it = iter(ds)
+            abandoned = next(it)["id"].numpy().tolist()
+            del it
+            assert queue.last_epoch == 0
+            rest = [i for b in ds for i in b["id"].numpy().tolist()]
+            assert queue.last_epoch == 1
+            assert not set(abandoned) & set(rest) and len(rest) == len(set(rest)) and len(rest) < n
+            assert list(ds) == []  # the data has ended
+        finally:
+            queue.disconnect()
+    assert audit.exactly_once(0, n) and audit.exactly_once(1, n)

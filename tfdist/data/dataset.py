@@ -1,6 +1,7 @@
 """Adapts a batch source (a local or shared queue) to a ``tf.data.Dataset``.
 
-This is the only module of ``tfdist.data`` that imports TensorFlow.
+With :mod:`tfdist.data.symbolic_build`, the only modules of ``tfdist.data`` that
+import TensorFlow.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Callable, Iterator
 
 import tensorflow as tf
 
+from tfdist.data import symbolic_build
 from tfdist.data.element_spec import ElementSpec
 
 __all__ = ["dataset_from_blocks", "tensor_specs"]
@@ -52,7 +54,10 @@ def dataset_from_blocks(
 
     Returns:
         A ``tf.data.Dataset``; each iteration continues from where the source is.
+        Keras builds a model fed by it under a strategy from its element spec
+        instead of taking a batch (see :mod:`tfdist.data.symbolic_build`).
     """
+    symbolic_build.install()
 
     def generate():
         for block in make_blocks():
@@ -66,4 +71,4 @@ def dataset_from_blocks(
     ds = tf.data.Dataset.from_generator(generate, output_signature=block).unbatch()
     if prefetch:
         ds = ds.prefetch(prefetch)
-    return ds
+    return symbolic_build.mark_queue_dataset(ds)

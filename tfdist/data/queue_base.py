@@ -457,7 +457,10 @@ class QueueBase:
 
         Whole batches already in the queue are dequeued together (up to 4
         batches, or 256 elements unbatched) to save Python calls; like a
-        prefetch buffer, they are then out of the queue.
+        prefetch buffer, they are then out of the queue. Under a strategy,
+        Keras's ``fit``/``evaluate`` build the model from the element spec
+        instead of reading (and losing) a batch; see
+        :mod:`tfdist.data.symbolic_build`.
 
         Example:
             >>> q = FIFOQueue(100, ["float32", "int64"], shapes=[[4], []])

@@ -283,6 +283,12 @@ class SharedQueue:
                 it was training on, which is re-delivered. Batches in a
                 prefetch buffer count as delivered.
 
+        An iteration stopped before its epoch ended (``steps_per_epoch``, a
+        ``break``) acknowledges what its pipeline fetched and leaves this
+        worker in the same epoch; Keras's ``fit``/``evaluate`` under a
+        strategy build the model from the element spec instead of reading a
+        batch (see :mod:`tfdist.data.symbolic_build`).
+
         Example:
             >>> ds = SharedQueue(address).as_dataset(batch_size=64)
             >>> model.fit(ds, epochs=3)   # every worker sees 3 epochs end together

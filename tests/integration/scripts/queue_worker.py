@@ -32,16 +32,19 @@ def main():
         model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
 
-    for epoch in range(args.epochs):  # one fit per epoch: each worker's share changes per epoch
+    for _ in range(args.epochs):  # one fit per epoch: each worker's share changes per epoch
         ids = []
+        before = queue.last_epoch
         ds = queue.as_dataset(batch_size=32).map(lambda b: (tf.py_function(
             lambda i: ids.extend(i.numpy().tolist()) or np.int64(0), [b["id"]], tf.int64), b)).map(
             lambda _, b: to_xy(b))
         try:
             model.fit(ds, epochs=1, verbose=2)
-        except StopIteration:  # Keras 3 raises when a dataset yields no batch: faster workers took them all
+        except StopIteration:  # a dataset with no batch (faster workers took them all) may raise
             pass
-        seen.append(ids)
+        # the queue epoch this fit's iteration ended: a worker that starts late joins the oldest
+        # epoch not yet finished, which need not be the fit's index
+        seen.append({"epoch": queue.last_epoch if queue.last_epoch != before else None, "ids": ids})
     with open(os.path.join(args.out, f"worker-{strategy.worker_id}.json"), "w") as f:
         json.dump({"seen": seen, "syncs": strategy.sync_stats["syncs"]}, f)
 

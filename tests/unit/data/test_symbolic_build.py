@@ -1,0 +1,86 @@
+"""Keras under a strategy trains every element of a queue dataset (no batch lost to its build peek)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+from tfdist.data import FIFOQueue, RandomShuffleQueue
+from tfdist.data import symbolic_build
+
+
+class IdRecorder(keras.Model):
+    """A tiny model whose train/test steps record the ids (labels) of every batch they run on."""
+
+    def __init__(self, sink):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+        self._sink = sink  # a bound method: Keras would copy a list attribute
+
+    def call(self, x):
+        return self.dense(x)
+
+    def _record(self, ids):
+        tf.py_function(lambda i: self._sink(i.numpy().tolist()) or 0, [ids], tf.int32)
+
+    def train_step(self, data):
+        x, ids = data
+        self._record(ids)
+        return super().train_step((x, ids % 3))
+
+    def test_step(self, data):
+        x, ids = data
+        self._record(ids)
+        return super().test_step((x, ids % 3))
+
+
+def compiled_recorder(strategy, trained):
+    with strategy.scope():
+        model = IdRecorder(trained.extend)
+        # jit_compile=False: the py_function that records ids cannot be compiled by XLA
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    return model
+
+
+def filled_queue(n, cls=FIFOQueue, **kwargs):
+    queue = cls(capacity=n, dtypes=["float32", "int64"], shapes=[[3], []], **kwargs)
+    queue.enqueue_many((np.ones((n, 3), np.float32), np.arange(n)))
+    queue.close()
+    return queue
+
+
+@pytest.mark.parametrize("method", ["fit", "evaluate"])
+def test_under_one_device_strategy_every_dequeued_element_is_trained_once(method):
+    trained = []
+    model = compiled_recorder(tf.distribute.OneDeviceStrategy("/cpu:0"), trained)
+    queue = filled_queue(160)
+    getattr(model, method)(queue.as_dataset(batch_size=16), verbose=0)
+    # Keras 3.15 would otherwise take one batch to build the model and drop it together with
+    # the batches its input pipeline prefetched (8 of 10 batches here on TF 2.21)
+    assert sorted(trained) == list(range(160))
+    assert queue.size() == 0
+
+
+def test_steps_per_epoch_never_trains_a_batch_twice_and_prefetched_batches_count_as_delivered():
+    trained = []
+    model = compiled_recorder(tf.distribute.OneDeviceStrategy("/cpu:0"), trained)
+    queue = filled_queue(160)
+    ds = queue.as_dataset(batch_size=8).map(lambda x, i: (x * 2.0, i))  # found through the map
+    model.fit(ds, steps_per_epoch=5, epochs=1, verbose=0)
+    assert trained == list(range(40))  # the 5 batches trained, in order
+    model.fit(ds, epochs=1, verbose=0)  # a new iteration continues where the queue is
+    # nothing is trained twice; the batches the first iteration's input pipeline had
+    # prefetched when fit stopped it were dequeued and are not trained (as with .prefetch)
+    assert len(trained) == len(set(trained)) and trained[:40] == list(range(40))
+    assert trained[40:] == sorted(trained[40:]) and queue.size() == 0
+
+
+def test_queue_datasets_are_found_through_the_pipeline_and_others_are_not():
+    queue = filled_queue(8, RandomShuffleQueue, seed=0)
+    ds = queue.as_dataset(batch_size=4)
+    assert symbolic_build.contains_queue_dataset(ds)
+    assert symbolic_build.contains_queue_dataset(ds.map(lambda x, y: (x, y)).prefetch(2))
+    other = tf.data.Dataset.from_tensor_slices(np.arange(4)).batch(2)
+    assert symbolic_build.contains_queue_dataset(tf.data.Dataset.zip((other, ds)))
+    assert not symbolic_build.contains_queue_dataset(other.map(lambda v: v + 1))
+    assert symbolic_build.is_installed() and symbolic_build.install()  # idempotent
