@@ -41,7 +41,27 @@ from tensorflow.python.eager import context
 OneDeviceExtended = one_device_strategy.OneDeviceExtended
 StrategyBase = distribute_lib.Strategy
 
-__all__ = ["OneDeviceExtended", "StrategyBase", "context_initialized", "enable_collective_group"]
+__all__ = [
+    "OneDeviceExtended",
+    "StrategyBase",
+    "context_initialized",
+    "enable_collective_group",
+    "keras_tensorflow_trainer",
+]
+
+
+def keras_tensorflow_trainer():
+    """Keras 3's private TensorFlow trainer class, or None in another layout.
+
+    ``tfdist.data`` wraps its ``_maybe_symbolic_build`` so queue-fed datasets
+    are not read ahead of training (checked on Keras 3.15: under any
+    strategy, ``fit``/``evaluate`` take a batch from a throwaway iterator).
+    """
+    try:
+        from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    except ImportError:  # another Keras layout or backend
+        return None
+    return TensorFlowTrainer
 
 
 def context_initialized() -> bool:

@@ -110,11 +110,9 @@ def _patched(original):
 
 
 def _trainer_class():
-    try:
-        from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-    except ImportError:  # another Keras layout or backend
-        return None
-    return TensorFlowTrainer
+    from tfdist._tf_compat import keras_tensorflow_trainer
+
+    return keras_tensorflow_trainer()
 
 
 def is_installed() -> bool:
