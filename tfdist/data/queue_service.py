@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hmac
 import importlib
 import inspect
 import logging
@@ -31,6 +30,7 @@ from typing import Any, Callable, Sequence
 import grpc
 
 from tfdist import constants
+from tfdist.auth import check_token
 from tfdist.data.coordinator import Coordinator
 from tfdist.data.delivery_ledger import DeliveryLedger
 from tfdist.data.errors import QueueClosedError, QueueTimeoutError, SharedQueueError
@@ -326,23 +326,8 @@ class SharedQueueServer:
         return handler
 
     def _authenticate(self, context: grpc.ServicerContext) -> None:
-        if self._token is None:
-            return
-        presented = None
-        for key, value in context.invocation_metadata() or ():
-            if key == constants.AUTH_METADATA_KEY:
-                presented = value.encode() if isinstance(value, str) else value
-        if presented is None:
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "No job token presented. Clients of the tfdist shared queue must send the "
-                f"job's token: pass token= to SharedQueue or set {constants.ENV_TOKEN}.",
-            )
-        if not hmac.compare_digest(presented, self._token):
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"Wrong job token for the shared queue. Use this job's token ({constants.ENV_TOKEN}).",
-            )
+        check_token(context, self._token, "the shared queue",
+                    f"pass token= to SharedQueue or set {constants.ENV_TOKEN} to this job's token")
 
     @staticmethod
     def _budget(meta: dict, context: grpc.ServicerContext, default: float = 1.0) -> float:

@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 
 from tfdist import constants
+from tfdist.auth import token_metadata
 from tfdist.data.element_spec import ElementSpec
 from tfdist.data.errors import (
     QueueClosedError,
@@ -84,7 +85,7 @@ class SharedQueue:
             )
         self._address = address
         token = token if token is not None else os.environ.get(constants.ENV_TOKEN)
-        self._metadata = ((constants.AUTH_METADATA_KEY, token),) if token else ()
+        self._metadata = token_metadata(token)
         self._worker = worker or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._timeout_s = timeout_s
         self._poll_s = poll_s
