@@ -75,7 +75,8 @@ class ClusterConfig:
             initialises the parameter servers. Defaults to none (worker 0
             initialises them).
         worker: Worker tasks. At least one chief or worker is required.
-        ps: Parameter-server tasks. At least one is required.
+        ps: Parameter-server tasks (the parameter-server strategies need at
+            least one; an all-reduce job needs none).
         evaluator: Side-car evaluators (read parameters, never push).
         input: Shared input-queue tasks (see ``tfdist.data``).
     """
@@ -106,8 +107,6 @@ class ClusterConfig:
             raise _fail("cluster.chief", self.chief, "A cluster has at most one chief.")
         if not self.chief and not self.worker:
             raise _fail("cluster.worker", self.worker, "Give at least one chief or worker task.")
-        if not self.ps:
-            raise _fail("cluster.ps", self.ps, "Give at least one parameter-server task, e.g. `ps: 1`.")
 
     # ------------------------------------------------------------------ views
     def jobs(self) -> dict[str, list[str]]:

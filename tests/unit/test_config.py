@@ -58,7 +58,6 @@ def test_cluster_spec_round_trip():
 @pytest.mark.parametrize(
     "data, field",
     [
-        ({"cluster": {"ps": 0, "worker": 1}}, "cluster.ps"),
         ({"cluster": {"ps": 1, "worker": 0}}, "cluster.worker"),
         ({"cluster": {"ps": ["nohost"], "worker": 1}}, "cluster.ps[0]"),
         ({"cluster": {"ps": 1, "worker": 1, "chief": 2}}, "cluster.chief"),
@@ -157,3 +156,12 @@ def test_slowdown_and_input_args_validated():
         JobConfig.from_dict({"launch": {"slowdown": {"worker:1": {"factor": 0.5}}}})
     with pytest.raises(ConfigError, match="JOB:INDEX"):
         JobConfig.from_dict({"launch": {"slowdown": {"workerone": {"factor": 2}}}})
+
+
+def test_a_cluster_without_ps_is_valid_but_the_ps_strategy_refuses_it():
+    import tfdist
+
+    cluster = ClusterConfig(worker=["127.0.0.1:1"])  # an all-reduce job
+    assert cluster.jobs() == {"worker": ["127.0.0.1:1"]}
+    with pytest.raises(ConfigError, match="cluster.ps.*needs at least one parameter-server task"):
+        tfdist.ParameterServerStrategy(cluster=cluster, task="worker:0", token="a-token-123")

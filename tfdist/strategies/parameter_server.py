@@ -466,6 +466,11 @@ class ParameterServerStrategy(StrategyBase):
             config.ps.partition_threshold_bytes = partition_threshold_bytes
         config.ps.__post_init__()
         self._local_server = None
+        if task is not None and not config.cluster.ps:
+            raise ConfigError(
+                "Invalid config field `cluster.ps`. Received: cluster.ps=[]. "
+                f"{type(self).__name__} needs at least one parameter-server task, e.g. `ps: 1`."
+            )
         if task is None:
             task, token = self._start_in_process_ps(config)
         token = token or config.security.resolve_token()
