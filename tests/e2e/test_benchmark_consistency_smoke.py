@@ -14,7 +14,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "consistency.py")
-pytestmark = pytest.mark.timeout(240)
+# Slow (~40 s): covered by `python benchmarks/consistency.py --quick`; run with RUN_SLOW=1.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
 def _env():

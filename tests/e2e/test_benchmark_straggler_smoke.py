@@ -5,10 +5,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "straggler_detection.py")
 
 
+# Slow (~45 s): covered by `python benchmarks/straggler_detection.py --quick`; run with RUN_SLOW=1.
+@pytest.mark.slow
 def test_quick_benchmark_prints_the_report(tmp_path):
     out = tmp_path / "report.json"
     docs = os.path.join(ROOT, "docs", "benchmarks.md")
