@@ -18,6 +18,7 @@ its own batch at the optimizer's full learning rate (TF1 async semantics).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -208,18 +209,14 @@ class _Runtime:
         if values is not None:
             self.assign(values)
 
+    @contextlib.contextmanager
     def _blocked(self):
-        """Context manager adding its duration to ``step_wait_s``."""
-        runtime = self
-
-        class _Timer:
-            def __enter__(self):
-                self.t = time.perf_counter()
-
-            def __exit__(self, *exc):
-                runtime.step_wait_s += time.perf_counter() - self.t
-
-        return _Timer()
+        """Adds the duration of the block to ``step_wait_s``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.step_wait_s += time.perf_counter() - start
 
     def end_update_step(self, current: list[np.ndarray], loss: float | None) -> list[np.ndarray] | None:
         self._require_training_task()
