@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
-import keras  # noqa: E402
 
 import tfdist  # noqa: E402
 from tfdist.data import FIFOQueue, SharedQueue, SharedQueueServer  # noqa: E402
@@ -23,39 +22,7 @@ from tfdist.data import FIFOQueue, SharedQueue, SharedQueueServer  # noqa: E402
 TOKEN = "test-token-1234"
 
 
-class IdRecorder(keras.Model):
-    """A tiny model whose train/test steps record the ids (labels) of every batch they run on."""
-
-    def __init__(self, sink):
-        super().__init__()
-        self.dense = keras.layers.Dense(3)
-        self._sink = sink  # a bound method: Keras would copy a list attribute
-
-    def call(self, x):
-        return self.dense(x)
-
-    def _record(self, ids):
-        tf.py_function(lambda i: self._sink(i.numpy().tolist()) or 0, [ids], tf.int32)
-
-    def train_step(self, data):
-        x, ids = data
-        self._record(ids)
-        return super().train_step((x, ids % 3))
-
-    def test_step(self, data):
-        x, ids = data
-        self._record(ids)
-        return super().test_step((x, ids % 3))
-
-
-def compiled_recorder(strategy, trained):
-    with strategy.scope():
-        model = IdRecorder(trained.extend)
-        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
-    return model
-
-
-def test_local_queue_under_in_process_parameter_server_strategy(monkeypatch):
+def test_local_queue_under_in_process_parameter_server_strategy(monkeypatch, compiled_recorder):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     strategy = tfdist.ParameterServerStrategy()  # no cluster: an in-process PS on 127.0.0.1
     try:
@@ -77,7 +44,7 @@ def test_local_queue_under_in_process_parameter_server_strategy(monkeypatch):
         strategy.shutdown()
 
 
-def test_shared_queue_fit_under_one_device_strategy_trains_each_example_once_per_epoch():
+def test_shared_queue_fit_under_one_device_strategy_trains_each_example_once_per_epoch(compiled_recorder):
     n, acked = 96, collections.defaultdict(collections.Counter)
     lock = threading.Lock()
 

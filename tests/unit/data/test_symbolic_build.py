@@ -3,43 +3,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-import keras
 
 from tfdist.data import FIFOQueue, RandomShuffleQueue
 from tfdist.data import symbolic_build
-
-
-class IdRecorder(keras.Model):
-    """A tiny model whose train/test steps record the ids (labels) of every batch they run on."""
-
-    def __init__(self, sink):
-        super().__init__()
-        self.dense = keras.layers.Dense(3)
-        self._sink = sink  # a bound method: Keras would copy a list attribute
-
-    def call(self, x):
-        return self.dense(x)
-
-    def _record(self, ids):
-        tf.py_function(lambda i: self._sink(i.numpy().tolist()) or 0, [ids], tf.int32)
-
-    def train_step(self, data):
-        x, ids = data
-        self._record(ids)
-        return super().train_step((x, ids % 3))
-
-    def test_step(self, data):
-        x, ids = data
-        self._record(ids)
-        return super().test_step((x, ids % 3))
-
-
-def compiled_recorder(strategy, trained):
-    with strategy.scope():
-        model = IdRecorder(trained.extend)
-        # jit_compile=False: the py_function that records ids cannot be compiled by XLA
-        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
-    return model
 
 
 def filled_queue(n, cls=FIFOQueue, **kwargs):
@@ -50,7 +16,7 @@ def filled_queue(n, cls=FIFOQueue, **kwargs):
 
 
 @pytest.mark.parametrize("method", ["fit", "evaluate"])
-def test_under_one_device_strategy_every_dequeued_element_is_trained_once(method):
+def test_under_one_device_strategy_every_dequeued_element_is_trained_once(method, compiled_recorder):
     trained = []
     model = compiled_recorder(tf.distribute.OneDeviceStrategy("/cpu:0"), trained)
     queue = filled_queue(160)
@@ -61,7 +27,7 @@ def test_under_one_device_strategy_every_dequeued_element_is_trained_once(method
     assert queue.size() == 0
 
 
-def test_steps_per_epoch_never_trains_a_batch_twice_and_prefetched_batches_count_as_delivered():
+def test_steps_per_epoch_never_trains_a_batch_twice_and_prefetched_batches_count_as_delivered(compiled_recorder):
     trained = []
     model = compiled_recorder(tf.distribute.OneDeviceStrategy("/cpu:0"), trained)
     queue = filled_queue(160)
