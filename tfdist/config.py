@@ -37,6 +37,7 @@ __all__ = [
     "PSConfig",
     "SecurityConfig",
     "LaunchConfig",
+    "ElasticConfig",
     "TaskSpec",
     "JobConfig",
     "load_config",
@@ -252,6 +253,11 @@ class PSConfig:
         max_message_bytes: Largest message a PS accepts. Defaults to 512 MiB.
         heartbeat_interval_s: How often workers heart-beat. Defaults to 2.
         heartbeat_timeout_s: A worker silent this long is not live. Defaults to 30.
+        max_updates_per_s: Caps how many pushes (update path) or gradients
+            (gradient path) each PS task applies per second; further ones
+            queue. ``None`` (the default) is no cap. Use it to emulate a
+            parameter server of limited capacity, e.g. the throughput knee an
+            autoscaler must find.
     """
 
     placement: str = "round_robin"
@@ -261,8 +267,15 @@ class PSConfig:
     max_message_bytes: int = constants.DEFAULT_MAX_MESSAGE_BYTES
     heartbeat_interval_s: float = constants.DEFAULT_HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = constants.DEFAULT_HEARTBEAT_TIMEOUT_S
+    max_updates_per_s: float | None = None
 
     def __post_init__(self):
+        if self.max_updates_per_s is not None and (
+            isinstance(self.max_updates_per_s, bool) or not isinstance(self.max_updates_per_s, (int, float))
+            or self.max_updates_per_s <= 0
+        ):
+            raise _fail("ps.max_updates_per_s", self.max_updates_per_s,
+                        "Give a positive number of updates per second, or null for no cap.")
         if self.placement not in ("round_robin", "greedy"):
             raise _fail("ps.placement", self.placement, 'Use "round_robin" or "greedy".')
         if self.partition_threshold_bytes is not None and (
@@ -388,6 +401,124 @@ class LaunchConfig:
                 raise _fail(f"launch.slowdown.{task}", spec, str(e)) from None
 
 
+_UTILITY_KINDS = ("linear", "deadline")
+
+
+@dataclass
+class ElasticConfig:
+    """Elastic membership and the autoscaling engine (``tfdist.elastic``).
+
+    With this section present (``enabled`` defaults to true then), the
+    cluster lists ``max_workers`` training tasks, the launcher starts
+    ``initial_workers`` of them, and the engine adds, removes and replaces
+    workers while the job runs. See docs/elastic.md.
+
+    Attributes:
+        enabled: Run the job elastically. Defaults to ``False`` when the
+            section is absent, ``True`` when it is written.
+        min_workers: Fewest training workers. Defaults to 1.
+        max_workers: Most training workers (the cluster gets this many
+            ``worker`` slots). Defaults to 8.
+        initial_workers: Workers at start. Defaults to ``min_workers``.
+        step: ``K``, workers added per scale-up. Defaults to 1.
+        interval_batches: ``N``, global batches per measurement window.
+            Defaults to 50.
+        min_samples: Measurement windows at a size before it is judged.
+            Defaults to 2.
+        efficiency_threshold: A scale-up is kept only while its scaling
+            efficiency exceeds this. Defaults to 0.1 (Or et al.).
+        price_per_worker_s: ``P``, cost of one worker-second (same unit as the
+            utility). Defaults to 0 (workers are free: only efficiency counts).
+        utility: ``None``, ``{"kind": "linear", "value_per_s": v}`` or
+            ``{"kind": "deadline", "deadline_s": d, "value": v}``: the value of
+            finishing after ``T`` seconds.
+        autoscale: Let the engine change the number of workers. ``False``
+            keeps the size fixed (membership and straggler replacement still
+            work). Defaults to ``True``.
+        warmup_batches: Batches a joining worker trains locally (building and
+            tracing its model) before it joins the job. Defaults to 3.
+        total_batches: The job's work in global batches; workers stop when
+            the parameter servers have applied this many. Defaults to
+            ``None`` (the workers' own ``fit`` decides).
+        replace_stragglers: Replace persistent stragglers. Defaults to ``True``.
+        max_spares: Most replacement workers starting at once. Defaults to 1.
+        straggler_threshold: Persistent straggler while the EWMA of its
+            throughput ÷ the median is below this. Defaults to 0.8.
+        ewma_alpha: EWMA weight of the newest window. Defaults to 0.1.
+        poll_s: How often the engine reads the PS counters. Defaults to 0.5.
+        drain_timeout_s: How long a worker asked to leave may take before it
+            is stopped. Defaults to 30.
+    """
+
+    enabled: bool = False
+    min_workers: int = 1
+    max_workers: int = 8
+    initial_workers: int | None = None
+    step: int = 1
+    interval_batches: int = 50
+    min_samples: int = 2
+    efficiency_threshold: float = 0.1
+    price_per_worker_s: float = 0.0
+    utility: dict[str, Any] | None = None
+    autoscale: bool = True
+    warmup_batches: int = 3
+    total_batches: int | None = None
+    replace_stragglers: bool = True
+    max_spares: int = 1
+    straggler_threshold: float = 0.8
+    ewma_alpha: float = 0.1
+    poll_s: float = 0.5
+    drain_timeout_s: float = 30.0
+
+    def __post_init__(self):
+        def integer(name, low, value=None):
+            value = getattr(self, name) if value is None else value
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise _fail(f"elastic.{name}", value, f"Give an integer >= {low}.")
+
+        def number(name, low, high=None):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
+                    high is not None and value > high):
+                raise _fail(f"elastic.{name}", value,
+                            f"Give a number >= {low}" + (f" and <= {high}." if high is not None else "."))
+
+        for name in ("enabled", "autoscale", "replace_stragglers"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(f"elastic.{name}", getattr(self, name), "Write true or false.")
+        integer("min_workers", 1)
+        integer("max_workers", 1)
+        if self.max_workers < self.min_workers:
+            raise _fail("elastic.max_workers", self.max_workers,
+                        f"Give at least min_workers ({self.min_workers}).")
+        if self.initial_workers is None:
+            self.initial_workers = self.min_workers
+        integer("initial_workers", 1)
+        if not self.min_workers <= self.initial_workers <= self.max_workers:
+            raise _fail("elastic.initial_workers", self.initial_workers,
+                        f"Give a number between min_workers ({self.min_workers}) and max_workers ({self.max_workers}).")
+        integer("step", 1)
+        integer("interval_batches", 1)
+        integer("min_samples", 1)
+        integer("warmup_batches", 0)
+        integer("max_spares", 0)
+        if self.total_batches is not None:
+            integer("total_batches", 1)
+        number("efficiency_threshold", -1.0, 1.0)
+        number("price_per_worker_s", 0.0)
+        number("straggler_threshold", 0.0, 1.0)
+        number("ewma_alpha", 0.0, 1.0)
+        for name in ("poll_s", "drain_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise _fail(f"elastic.{name}", value, "Give a positive number of seconds.")
+        if self.utility is not None:
+            kind = self.utility.get("kind") if isinstance(self.utility, Mapping) else None
+            if kind not in _UTILITY_KINDS:
+                raise _fail("elastic.utility", self.utility,
+                            'Write {kind: linear, value_per_s: V} or {kind: deadline, deadline_s: D, value: V}, or null.')
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """One task of a cluster: ``job`` and ``index``."""
@@ -419,6 +550,7 @@ _SECTIONS = {
     "ps": PSConfig,
     "security": SecurityConfig,
     "launch": LaunchConfig,
+    "elastic": ElasticConfig,
 }
 
 
@@ -454,10 +586,33 @@ class JobConfig:
     ps: PSConfig = field(default_factory=PSConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "/\\ "):
             raise _fail("name", self.name, "Give a short job name without spaces or slashes.")
+        if self.elastic.enabled:
+            self._check_elastic_cluster()
+
+    def _check_elastic_cluster(self) -> None:
+        """An elastic job needs a training-task slot for each of ``max_workers``."""
+        need = self.elastic.max_workers
+        have = self.cluster.num_workers
+        if have >= need:
+            return
+        if self.cluster.is_unassigned() and self.cluster.is_local():
+            self.cluster.worker = list(self.cluster.worker) + [UNASSIGNED] * (need - have)
+            return
+        raise _fail(
+            "cluster.worker", self.cluster.worker,
+            f"An elastic job with elastic.max_workers={need} needs {need} training-task addresses "
+            f"(the cluster has {have}). List one per possible worker, or lower elastic.max_workers.",
+        )
+
+    @property
+    def starting_workers(self) -> int:
+        """Training workers the job starts with (and BSP/SyncReplicas count at the start)."""
+        return self.elastic.initial_workers if self.elastic.enabled else self.cluster.num_workers
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "JobConfig":
@@ -471,6 +626,8 @@ class JobConfig:
                 f"Unknown config field `{unknown[0]}`. Top-level fields are: {sorted(top)}."
             )
         kwargs = {key: _build(cls_, data.get(key), key) for key, cls_ in _SECTIONS.items() if key in data}
+        if isinstance(data.get("elastic"), Mapping) and "enabled" not in data["elastic"]:
+            kwargs["elastic"] = dataclasses.replace(kwargs["elastic"], enabled=True)
         if "name" in data:
             kwargs["name"] = data["name"]
         return cls(**kwargs)

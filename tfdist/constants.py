@@ -24,3 +24,6 @@ DEFAULT_STARTUP_TIMEOUT_S = 120.0
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
+
+#: Training batches a joining worker runs locally before it joins an elastic job (set by the engine).
+ENV_WARMUP_BATCHES = "TFDIST_WARMUP_BATCHES"

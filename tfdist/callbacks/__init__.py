@@ -1,5 +1,6 @@
 """Keras callbacks of tfdist."""
 
+from tfdist.callbacks.elastic import ElasticCallback
 from tfdist.callbacks.straggler_detector import StragglerDetector
 
-__all__ = ["StragglerDetector"]
+__all__ = ["ElasticCallback", "StragglerDetector"]

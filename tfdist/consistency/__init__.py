@@ -76,7 +76,9 @@ def policy_from_spec(spec: Mapping[str, Any], num_workers: int = 1) -> Consisten
         if name == "bsp":
             return BSPPolicy(int(spec.get("replicas_to_aggregate") or num_workers))
         if name == "sync_replicas":
-            return SyncReplicasPolicy(int(spec["replicas_to_aggregate"]))
+            m = int(spec["replicas_to_aggregate"])
+            # M of N keeps its ratio as workers come and go; without a known N, M stays fixed.
+            return SyncReplicasPolicy(m, num_workers=int(num_workers) if num_workers and num_workers >= m else None)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"Bad consistency settings {dict(spec)!r}: {e}") from e
     raise ConfigError(f"Unknown consistency mode. Received: consistency={name!r}. Use one of {list(POLICY_NAMES)}.")

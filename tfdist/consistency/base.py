@@ -123,6 +123,21 @@ class ConsistencyPolicy:
     def step_complete(self, contributors: frozenset[int], ctx: PolicyContext) -> bool:
         raise NotImplementedError(f"{self.name} does not aggregate gradients")
 
+    # ------------------------------------------------------------ membership
+    def on_join(self, worker: int, ctx: PolicyContext) -> None:
+        """Called when ``worker`` is first heard from, or again after it left.
+
+        ``ctx.live`` does not include ``worker`` yet. Elastic jobs rely on it:
+        a joiner must not hold the others back (see SSP's clock adoption).
+        """
+
+    def on_step_boundary(self, ctx: PolicyContext) -> None:
+        """Gradient path: called when the job starts and after every completed step.
+
+        Policies that size their barrier by the number of workers fix it here,
+        so membership changes take effect at step boundaries.
+        """
+
     # --------------------------------------------------------------- common
     def spec(self) -> dict:
         """Name and parameters: what workers and PS tasks must agree on."""

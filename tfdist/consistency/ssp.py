@@ -9,6 +9,11 @@ workers, and all of the reader's own (read-my-writes: workers apply their own
 updates locally at once). A worker refreshes its cache only when that
 guarantee would otherwise break (:func:`cache_is_fresh_enough`), so SSP pulls
 less often than ASP, which refreshes every step.
+
+Elastic membership: a worker that joins a running job (or comes back after
+it left) *adopts* the slowest clock of the live workers (``on_join``), so it
+neither holds the others back at clock 0 nor skips ahead of the bound; the
+PS tells it its clock in the reply to its first pull.
 """
 
 from __future__ import annotations
@@ -70,6 +75,15 @@ class SSPPolicy(ConsistencyPolicy):
 
     def on_applied(self, worker: int, clock: int, ctx: PolicyContext, loss: float | None = None) -> None:
         self.clocks[worker] = max(self.clocks.get(worker, 0), clock)
+
+    def on_join(self, worker: int, ctx: PolicyContext) -> None:
+        others = ctx.awaited - {worker} or ctx.live - {worker}
+        if others:
+            self.clocks[worker] = max(self.clocks.get(worker, 0), min_clock(self.clocks, others))
+
+    def clock_of(self, worker: int) -> int:
+        """The clock the PS holds for ``worker`` (adopted on join, then its own)."""
+        return self.clocks.get(worker, 0)
 
     def spec(self) -> dict:
         s = None if math.isinf(self.staleness) else int(self.staleness)

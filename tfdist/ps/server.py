@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 SERVICE = "tfdist.ParameterServer"
 METHODS = ("Init", "WaitInit", "Pull", "Push", "PushPull", "PushGradients", "PutState", "SetExcluded",
-           "Heartbeat", "Status", "Done", "Shutdown")
+           "Heartbeat", "Status", "Done", "Shutdown", "Control")
 
 
 def load_tls_server_credentials(cert_path: str, key_path: str) -> grpc.ServerCredentials:
@@ -70,7 +70,9 @@ class PSServer:
         tls_credentials: Optional ``grpc.ServerCredentials`` for TLS.
         task_index: This PS task's index (for log lines).
         exit_when_done: Stop when all ``num_workers`` workers are done.
-            Defaults to ``True``.
+            Defaults to ``True``; elastic jobs turn it off (workers come and
+            go; the launcher stops the PS at the end).
+        max_updates_per_s: See :class:`ParameterStore`.
     """
 
     def __init__(
@@ -87,8 +89,10 @@ class PSServer:
         exit_when_done: bool = True,
         max_threads: int = 32,
         startup_grace_s: float = constants.DEFAULT_STARTUP_TIMEOUT_S,
+        max_updates_per_s: float | None = None,
     ):
-        self.store = ParameterStore(policy, heartbeat_timeout_s=heartbeat_timeout_s, startup_grace_s=startup_grace_s)
+        self.store = ParameterStore(policy, heartbeat_timeout_s=heartbeat_timeout_s, startup_grace_s=startup_grace_s,
+                                    max_updates_per_s=max_updates_per_s)
         self._token = token.encode() if token else None
         self.num_workers = num_workers
         self.task_index = task_index
@@ -194,6 +198,8 @@ class PSServer:
                 "global_step": self.store.global_step}, {}
 
     def _rpc_WaitInit(self, meta, tensors, context):
+        if meta.get("worker") is not None:
+            self.store.rejoin(int(meta["worker"]))
         timeout = float(meta.get("timeout_s", 0.0))
         budget = self._timeout(context)
         ready = self.store.wait_initialized(min(timeout, budget) if budget is not None else timeout)
@@ -249,6 +255,11 @@ class PSServer:
             logger.info("ps:%d all %d workers are done; stopping", self.task_index, self.num_workers)
             threading.Thread(target=self.stop, args=(0.5,), daemon=True).start()
         return {"done_workers": sorted(done)}, {}
+
+    def _rpc_Control(self, meta, tensors, context):
+        total = meta.get("total_batches")
+        return self.store.control(drain=meta.get("drain"), undrain=meta.get("undrain"),
+                                  total_batches=None if total is None else int(total)), {}
 
     def _rpc_Shutdown(self, meta, tensors, context):
         logger.info("ps:%d shutdown requested", self.task_index)

@@ -73,6 +73,10 @@ class WorkerSession:
         self.is_chief = is_chief
         self.startup_timeout_s = startup_timeout_s
         self.clock = 0
+        #: Set when a PS reply says this worker should leave (drained by the engine).
+        self.leave_requested = False
+        #: Set when a PS reply says the job's ``total_batches`` are done.
+        self.job_done = False
         self.version = [0] * plan.num_ps
         self._snapshot: dict[str, np.ndarray] = {}
         self._by_key = {s.key: s for s in self.specs}
@@ -159,7 +163,7 @@ class WorkerSession:
                     meta, _ = self.client.call(
                         ps, "WaitInit",
                         {"timeout_s": wait, "specs": self._spec_meta(ps), "policy": self.policy_spec,
-                         "num_workers": self.num_workers},
+                         "num_workers": self.num_workers, "worker": self.worker_id},
                         timeout=wait + 5.0,
                     )
                     if meta["initialized"]:
@@ -220,6 +224,18 @@ class WorkerSession:
         """Hook: subclasses read clock information from replies."""
         metas = [replies[i][0] for i in range(self.plan.num_ps)]
         self.global_step = max(m.get("global_step", 0) for m in metas)
+        self._note_membership(metas)
+
+    def _note_membership(self, metas) -> None:
+        """Reads the engine's requests (leave, job done) from PS replies."""
+        for meta in metas:
+            for m in (meta, meta.get("push") or {}):
+                if m.get("leave") and not self.leave_requested:
+                    self.leave_requested = True
+                    logger.info("worker %d: asked to leave the job", self.worker_id)
+                if m.get("job_done") and not self.job_done:
+                    self.job_done = True
+                    logger.info("worker %d: the job's batches are done", self.worker_id)
 
     def _absorb(self, replies) -> dict[str, np.ndarray]:
         self.version = [replies[i][0]["version"] for i in range(self.plan.num_ps)]
@@ -248,6 +264,9 @@ class WorkerSession:
                 self.client.call_all("Heartbeat", {"worker": self.worker_id}, timeout=interval * 2)
             except Exception as e:  # a missed beat is not fatal; the next call reports a dead PS
                 logger.debug("heartbeat failed: %s", e)
+
+    def stop_heartbeat(self) -> None:
+        self._hb_stop.set()
 
     def close(self, done: bool = True) -> None:
         """Stops heart-beating and tells the PS tasks this worker is done."""
@@ -287,6 +306,11 @@ class UpdateSession(WorkerSession):
         mins = [m["min_clock"] for m in metas if "min_clock" in m]
         if mins:
             self.min_clock = min(mins)
+        clocks = [m["clock"] for m in metas if "clock" in m]
+        if clocks and max(clocks) > self.clock:  # joined a running job: adopt the clock the PS gave us
+            logger.info("worker %d starts at clock %d (adopted on join)", self.worker_id, max(clocks))
+            self.clock = max(clocks)
+            self.cache_min_clock = max(self.cache_min_clock, self.min_clock)
         if metas and "staleness" in metas[0]:  # DTSSP moves it; every PS task runs the same rule
             bounds = [m["staleness"] for m in metas]
             self.staleness = float("inf") if None in bounds else min(bounds)
@@ -351,6 +375,7 @@ class GradientSession(WorkerSession):
         steps = [m["state_step"] for m in metas if "state_step" in m]
         if steps:  # a state pull: continue from the snapshot's step
             self.global_step = min(steps)
+        self._note_membership(metas)
         self.known_global_step = max([self.known_global_step] + [m.get("global_step", 0) for m in metas])
 
     def begin(self) -> dict[str, np.ndarray] | None:
@@ -371,6 +396,7 @@ class GradientSession(WorkerSession):
             {ps: ({"worker": self.worker_id, "step": step}, parts[ps]) for ps in range(self.plan.num_ps)},
         )
         metas = {ps: meta for ps, (meta, _) in replies.items()}
+        self._note_membership(list(metas.values()))
         self.stats["bytes_pushed"] += sum(g.nbytes for g in grads.values())
         dropped = any(m["dropped"] for m in metas.values())
         resync = any(m["resync"] for m in metas.values())

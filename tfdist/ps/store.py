@@ -62,6 +62,15 @@ class ParameterStore:
         heartbeat_timeout_s: A worker not heard from for this long is not live.
         startup_grace_s: How long expected-but-unseen workers count as live.
         time_fn: Monotonic clock; tests pass a fake one.
+        max_updates_per_s: Apply at most this many pushes/gradients per
+            second (emulates a PS of limited capacity); ``None``: no cap.
+
+    Elastic membership: a worker is *live* while it heart-beats; a worker
+    heard from for the first time (or again after it left) is announced to
+    the policy (``on_join``); a worker leaves by ``Done`` (graceful) or by
+    silence (crash). :meth:`control` marks workers to *drain* (their replies
+    say ``leave``) and sets the job's total work (replies say ``job_done``
+    once that many batches are applied).
     """
 
     def __init__(
@@ -70,8 +79,11 @@ class ParameterStore:
         heartbeat_timeout_s: float = 30.0,
         startup_grace_s: float = 120.0,
         time_fn: Callable[[], float] = time.monotonic,
+        max_updates_per_s: float | None = None,
     ):
         self.policy = policy
+        self.max_updates_per_s = max_updates_per_s
+        self._next_slot = 0.0
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.startup_grace_s = startup_grace_s
         self._time = time_fn
@@ -83,8 +95,16 @@ class ParameterStore:
         self._init_time = 0.0
         self._expected: set[int] = set()
         self._last_seen: dict[int, float] = {}
+        self._ever_seen: set[int] = set()
         self.done_workers: set[int] = set()
         self.excluded: set[int] = set()
+        self.draining: set[int] = set()
+        self.total_batches: int | None = None
+        #: Batches each worker has sent (applied, aggregated or dropped).
+        self.worker_batches: dict[int, int] = {}
+        #: Batches that changed the parameters (applied pushes, aggregated gradients).
+        self.progress = 0
+        self.joins = 0
         # gradient path
         self.global_step = 0
         self._acc: dict[str, np.ndarray] = {}
@@ -119,6 +139,7 @@ class ParameterStore:
         """
         self._validate_specs(specs, values)
         with self._cond:
+            self.done_workers.discard(worker)
             self._touch(worker)
             if self.initialized:
                 self._check_same_specs(specs)
@@ -135,6 +156,7 @@ class ParameterStore:
             self.initialized_by = worker
             self._init_time = self._time()
             self._expected = set(range(num_workers or 0))
+            self.policy.on_step_boundary(self._ctx())
             self._cond.notify_all()
         total = sum(s.nbytes for s in specs)
         logger.info("initialised by worker %d: %d variables, %d bytes, policy %s",
@@ -260,18 +282,23 @@ class ParameterStore:
         with self._cond:
             self._touch(worker)
             self._checked(lambda: (self._require_path("update"), self._validate_tensors(deltas)))
+            self._admit(timeout)
             decision = self._wait_for(lambda: self.policy.on_push(worker, clock, self._ctx()), timeout, "push")
+            self._count_batch(worker)
             if decision.action is PushAction.DROP:
                 self.stats["dropped"] += 1
-                return {"applied": False, "dropped": True, "version": self.version, "reason": decision.reason}
+                return {"applied": False, "dropped": True, "version": self.version, "reason": decision.reason,
+                        **self._member_info(worker)}
             for key, delta in deltas.items():
                 self._values[key] += delta
                 self.stats["bytes_in"] += delta.nbytes
             self.version += 1
             self.stats["pushes"] += 1
+            self.progress += 1
             self.policy.on_applied(worker, clock, self._ctx(), loss)
             self._cond.notify_all()
-            return {"applied": True, "dropped": False, "version": self.version, **self._clock_info()}
+            return {"applied": True, "dropped": False, "version": self.version, **self._clock_info(),
+                    **self._member_info(worker)}
 
     def _clock_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"global_step": self.global_step}
@@ -310,7 +337,10 @@ class ParameterStore:
             values = {k: self._values[k] for k in keys}
             self.stats["pulls"] += 1
             self.stats["bytes_out"] += sum(v.nbytes for v in values.values())
-            meta = {"version": self.version, "state_step": self.state_step, **self._clock_info()}
+            meta = {"version": self.version, "state_step": self.state_step, **self._clock_info(),
+                    **self._member_info(worker)}
+            if worker >= 0 and hasattr(self.policy, "clock_of"):
+                meta["clock"] = self.policy.clock_of(worker)
             return consumer(meta, values)
 
     def _pull_decision(self, worker: int, clock: int):
@@ -340,11 +370,13 @@ class ParameterStore:
         with self._cond:
             self._touch(worker)
             self._checked(lambda: (self._require_path("gradient"), self._validate_tensors(grads, trainable_only=True)))
+            self._admit(timeout)
             decision = self.policy.on_gradient(worker, step, self.global_step, frozenset(self._contributors), self._ctx())
             if decision.action in (GradientAction.FUTURE, GradientAction.DUPLICATE):
                 self.stats["rejected"] += 1
                 raise StoreError(f"Gradient refused: {decision.reason}.", grpc_code="FAILED_PRECONDITION")
             dropped = decision.action is GradientAction.STALE
+            self._count_batch(worker)
             if dropped:
                 self.stats["dropped"] += 1
             else:
@@ -359,7 +391,8 @@ class ParameterStore:
                 if self.global_step <= step:
                     self.stats["waits"] += 1
                 self._wait_for(lambda: self._step_wait(step), timeout, f"complete step {step}")
-            meta = {"dropped": dropped, "global_step": self.global_step, "step": step, "reason": decision.reason}
+            meta = {"dropped": dropped, "global_step": self.global_step, "step": step, "reason": decision.reason,
+                    **self._member_info(worker)}
             if step not in self._history:
                 return {**meta, "resync": True, "write_state": False}, {}
             aggregate, closer = self._history[step]
@@ -378,7 +411,7 @@ class ParameterStore:
         if not contributors or not self.policy.step_complete(contributors, self._ctx()):
             return
         m = getattr(self.policy, "replicas_to_aggregate", len(contributors))
-        if len(contributors) < m:  # fewer arrived than Keras scaled the loss for: keep the mean
+        if len(contributors) != m:  # Keras scaled every loss by 1/m: make the sum the mean
             for value in self._acc.values():
                 value *= np.asarray(m / len(contributors), dtype=value.dtype)
         step = self.global_step
@@ -387,8 +420,10 @@ class ParameterStore:
             del self._history[old]
         self.stats["aggregations"] += 1
         self.stats["gradients_aggregated"] += len(contributors)
+        self.progress += len(contributors)
         self._acc, self._contributors = {}, set()
         self.global_step = step + 1
+        self.policy.on_step_boundary(self._ctx())
         self._cond.notify_all()
 
     def put_state(self, worker: int, step: int, tensors: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -431,10 +466,79 @@ class ParameterStore:
             # Re-check at least every 0.2 s: liveness changes by the passage of time.
             self._cond.wait(timeout=min(remaining, 0.2) if remaining is not None else 0.2)
 
+    # ------------------------------------------------------------ capacity
+    def _admit(self, timeout: float | None) -> None:
+        """Waits for this update's slot when ``max_updates_per_s`` caps the rate (lock released while waiting)."""
+        if not self.max_updates_per_s:
+            return
+        now = self._time()
+        slot = max(now, self._next_slot)
+        self._next_slot = slot + 1.0 / self.max_updates_per_s
+        deadline = None if timeout is None else now + timeout
+        while (remaining := slot - self._time()) > 0:
+            if deadline is not None and self._time() >= deadline:
+                raise StoreError("Timed out waiting for a slot of the PS's capacity (ps.max_updates_per_s).",
+                                 grpc_code="DEADLINE_EXCEEDED")
+            self._cond.wait(timeout=remaining)
+
+    # ------------------------------------------------------------ membership
+    def _count_batch(self, worker: int) -> None:
+        if worker >= 0:
+            self.worker_batches[worker] = self.worker_batches.get(worker, 0) + 1
+
+    def _member_info(self, worker: int) -> dict[str, Any]:
+        info: dict[str, Any] = {}
+        if worker in self.draining:
+            info["leave"] = True
+        if self.job_done:
+            info["job_done"] = True
+        return info
+
+    @property
+    def job_done(self) -> bool:
+        return self.total_batches is not None and self.progress >= self.total_batches
+
+    def control(self, drain: Iterable[int] | None = None, undrain: Iterable[int] | None = None,
+                total_batches: int | None = None) -> dict[str, Any]:
+        """Engine → PS: ask workers to leave, take that back, or set the job's work."""
+        with self._cond:
+            if drain:
+                self.draining |= {int(w) for w in drain}
+                logger.info("workers asked to leave: %s", sorted(self.draining))
+            if undrain:
+                self.draining -= {int(w) for w in undrain}
+            if total_batches is not None:
+                if int(total_batches) < 1:
+                    raise StoreError(f"total_batches must be >= 1. Received: total_batches={total_batches!r}.")
+                self.total_batches = int(total_batches)
+            self._cond.notify_all()
+            return {"draining": sorted(self.draining), "total_batches": self.total_batches,
+                    "progress": self.progress, "job_done": self.job_done}
+
+    def rejoin(self, worker: int) -> None:
+        """A worker (re)starts a session: it may come back after it said ``Done``."""
+        with self._cond:
+            if worker >= 0:
+                self.done_workers.discard(worker)
+                self.draining.discard(worker)
+
     # ------------------------------------------------------------ liveness
     def _touch(self, worker: int) -> None:
-        if worker >= 0 and worker not in self.done_workers:
-            self._last_seen[worker] = self._time()
+        if worker < 0 or worker in self.done_workers:
+            return
+        now = self._time()
+        last = self._last_seen.get(worker)
+        # An expected worker's first contact is the job's start (it counted as live at clock 0
+        # meanwhile), not a join; anyone else new, or back after leaving, joins the running job.
+        joining = worker in self._ever_seen or worker not in self._expected
+        self._ever_seen.add(worker)
+        if (last is None or now - last > self.heartbeat_timeout_s) and joining and self.policy is not None \
+                and self.initialized:
+            self.joins += 1
+            self._last_seen.pop(worker, None)
+            self.policy.on_join(worker, self._ctx())
+            logger.info("worker %d joined (live: %s)", worker, sorted(self._live() | {worker}))
+        self._last_seen[worker] = now
 
     def _live(self) -> frozenset[int]:
         now = self._time()
@@ -488,6 +592,12 @@ class ParameterStore:
                 "live_workers": sorted(self._live()),
                 "done_workers": sorted(self.done_workers),
                 "excluded": sorted(self.excluded),
+                "draining": sorted(self.draining),
+                "worker_batches": {str(w): n for w, n in sorted(self.worker_batches.items())},
+                "progress": self.progress,
+                "total_batches": self.total_batches,
+                "job_done": self.job_done,
+                "joins": self.joins,
                 "stats": dict(self.stats),
                 "policy": self.policy.describe() if self.policy else None,
                 "specs": [s.to_dict() for s in self._specs.values()],

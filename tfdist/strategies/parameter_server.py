@@ -89,7 +89,7 @@ class _Runtime:
         self.token = token
         self.variable_filter = variable_filter
         self.policy_spec = policy_spec
-        policy = policy_from_spec(policy_spec, config.cluster.num_workers)
+        policy = policy_from_spec(policy_spec, config.starting_workers)
         self.path = policy.path
         self.refresh_every_step = bool(getattr(policy, "refresh_every_step", False))
         self.staleness = getattr(policy, "staleness", None)
@@ -106,6 +106,12 @@ class _Runtime:
         self._closed = False
         #: Seconds the current/last training step spent blocked on the PS (waits, transfers).
         self.step_wait_s = 0.0
+        # Elastic join: train this many batches locally (build, trace, warm caches) before joining the job.
+        warmup = int(os.environ.get(constants.ENV_WARMUP_BATCHES, "0") or 0)
+        self.warmup_left = warmup if self.worker_id > 0 else 0
+        self.in_warmup = False
+        self._warmup_started: float | None = None
+        self._left = False
         slowdown = slowdown_from_env(str(task))
         self.slowdown = StepSlowdown(slowdown) if slowdown else None
         if slowdown:
@@ -168,7 +174,7 @@ class _Runtime:
                 startup_timeout_s=self.config.ps.startup_timeout_s,
                 heartbeat_interval_s=self.config.ps.heartbeat_interval_s if self.worker_id >= 0 else None,
                 policy_spec=self.policy_spec,
-                num_workers=self.config.cluster.num_workers,
+                num_workers=self.config.starting_workers,
             )
             args = (client, self.specs, self.plan, self.worker_id, self.is_chief)
             if self.path == "gradient":
@@ -198,6 +204,19 @@ class _Runtime:
     def begin_step(self, training: bool) -> None:
         if training and self.slowdown is not None:
             self.slowdown.at_step_start()
+        self.in_warmup = False
+        if training and self.warmup_left > 0 and self.session is None:
+            if self._warmup_started is None:
+                self._warmup_started = time.perf_counter()
+                logger.info("worker %d: warming up on %d local batch(es) before joining the job",
+                            self.worker_id, self.warmup_left)
+            self.warmup_left -= 1
+            self.in_warmup = True
+            return
+        if self._warmup_started is not None:
+            logger.info("worker %d: warmed up in %.2f s; joining (pulling parameters from %d PS task(s))",
+                        self.worker_id, time.perf_counter() - self._warmup_started, len(self.config.cluster.ps))
+            self._warmup_started = None
         session = self.ensure_session()
         if not training or self.worker_id < 0:
             if self.path == "update" or self.worker_id < 0:
@@ -220,6 +239,8 @@ class _Runtime:
 
     def end_update_step(self, current: list[np.ndarray], loss: float | None) -> list[np.ndarray] | None:
         self._require_training_task()
+        if self.in_warmup:  # not part of the job yet: keep the local update, send nothing
+            return current if self.refresh_every_step else None
         with self._blocked():
             values = self.session.end({s.key: v for s, v in zip(self.specs, current)}, loss)
         if values is None:
@@ -229,13 +250,15 @@ class _Runtime:
     def exchange_gradients(self, keys: list[str | None], grads: list[np.ndarray]) -> list[np.ndarray]:
         self._require_training_task()
         mapped = {k: g for k, g in zip(keys, grads) if k is not None}
-        if not mapped:
+        if not mapped or self.in_warmup:
             return grads
         with self._blocked():
             aggregate = self.session.exchange(mapped)
         return [aggregate[k] if k is not None else g for k, g in zip(keys, grads)]
 
     def end_gradient_step(self, current: list[np.ndarray]) -> None:
+        if self.in_warmup:
+            return
         with self._blocked():
             values = self.session.end({s.key: v for s, v in zip(self.specs, current)})
         if values is not None:  # too far behind: load the job's state instead of this step's result
@@ -250,6 +273,29 @@ class _Runtime:
         s = self.session.staleness if self.session else float("inf")
         return np.array([self.session.clock if self.session else 0, 0, st.get("waits", 0),
                          -1 if s == float("inf") else s, st.get("refreshes", 0)], np.float32)
+
+    def stop_reason(self) -> str | None:
+        """``"leave"`` (drained by the engine), ``"job_done"``, or ``None`` to keep training."""
+        session = self.session
+        if session is None:
+            return None
+        if session.job_done:
+            return "job_done"
+        if session.leave_requested:
+            return "leave"
+        return None
+
+    def leave(self) -> None:
+        """Leaves the job now (graceful): the PS stops counting this worker; pulls still work."""
+        if self._left or self.session is None or self.worker_id < 0:
+            return
+        self._left = True
+        try:
+            self.session.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0)
+        except Exception as e:  # leaving is best effort: heart-beat silence has the same effect
+            logger.warning("worker %d: could not tell the PS it leaves: %s", self.worker_id, e)
+        self.session.stop_heartbeat()
+        logger.info("worker %d left the job", self.worker_id)
 
     def close(self, done: bool = True) -> None:
         if self._closed:
@@ -483,14 +529,14 @@ class ParameterServerStrategy(StrategyBase):
         elif isinstance(consistency, Mapping):
             policy_spec = dict(consistency)
         else:
-            policy_spec = config.strategy.policy_spec(config.cluster.num_workers)
+            policy_spec = config.strategy.policy_spec(config.starting_workers)
         m = policy_spec.get("replicas_to_aggregate")
-        if m is not None and m > config.cluster.num_workers:
+        if m is not None and m > config.starting_workers:
             raise ConfigError(
-                f"replicas_to_aggregate={m} exceeds the job's {config.cluster.num_workers} worker(s); "
+                f"replicas_to_aggregate={m} exceeds the job's {config.starting_workers} worker(s); "
                 "accumulating gradients across steps is not supported. Use at most the number of workers."
             )
-        policy_from_spec(policy_spec, config.cluster.num_workers)  # validates
+        policy_from_spec(policy_spec, config.starting_workers)  # validates
         self._runtime = _Runtime(config, task, token, variable_filter or default_variable_filter, policy_spec)
         super().__init__(ParameterServerExtended(self, self._runtime))
         atexit.register(self.shutdown)
@@ -607,6 +653,23 @@ class ParameterServerStrategy(StrategyBase):
         ```
         """
         return _ExcludeStragglers(self)
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why this worker should stop training, in an elastic job; ``None`` to go on.
+
+        ``"leave"``: the autoscaling engine asked it to leave (scale-down or
+        replacement); ``"job_done"``: the job's ``elastic.total_batches``
+        are applied. :class:`tfdist.callbacks.ElasticCallback` acts on it.
+        """
+        return self._runtime.stop_reason()
+
+    def leave(self) -> None:
+        """Leaves the job gracefully: the PS stops waiting for this worker.
+
+        Evaluate and predict still work afterwards (they only pull).
+        """
+        self._runtime.leave()
 
     def shutdown(self) -> None:
         """Tells the PS this worker is done and closes connections (idempotent).
