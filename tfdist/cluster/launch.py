@@ -101,8 +101,16 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        job.start()
-        job.wait()
+        if job.config.elastic.enabled:
+            from tfdist.elastic.local import run_local_elastic
+
+            result = run_local_elastic(job)
+            logger.info("elastic job: %d batches in %.1f s, %.1f worker-seconds, settled at %s worker(s) after %s s",
+                        result.progress, result.completion_s, result.worker_seconds, result.settled_workers,
+                        "-" if result.settled_s is None else f"{result.settled_s:.1f}")
+        else:
+            job.start()
+            job.wait()
     except KeyboardInterrupt:
         print("tfdist.launch: interrupted; stopping every task", file=sys.stderr)
         job.stop(grace=3.0)

@@ -258,7 +258,7 @@ class PSServer:
 
     def _rpc_Control(self, meta, tensors, context):
         total = meta.get("total_batches")
-        return self.store.control(drain=meta.get("drain"), undrain=meta.get("undrain"),
+        return self.store.control(drain=meta.get("drain"), undrain=meta.get("undrain"), gone=meta.get("gone"),
                                   total_batches=None if total is None else int(total)), {}
 
     def _rpc_Shutdown(self, meta, tensors, context):

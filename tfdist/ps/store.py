@@ -499,17 +499,23 @@ class ParameterStore:
         return self.total_batches is not None and self.progress >= self.total_batches
 
     def control(self, drain: Iterable[int] | None = None, undrain: Iterable[int] | None = None,
-                total_batches: int | None = None) -> dict[str, Any]:
-        """Engine → PS: ask workers to leave, take that back, or set the job's work."""
+                total_batches: int | None = None, gone: Iterable[int] | None = None) -> dict[str, Any]:
+        """Engine → PS: ask workers to leave, take that back, set the job's work,
+        or report workers ``gone`` (their process ended: stop waiting for them now,
+        not after the heart-beat timeout)."""
         with self._cond:
+            if total_batches is not None and int(total_batches) < 1:
+                raise StoreError(f"total_batches must be >= 1. Received: total_batches={total_batches!r}.")
+            for w in gone or ():
+                self.done_workers.add(int(w))
+                self._last_seen.pop(int(w), None)
+                self.draining.discard(int(w))
             if drain:
                 self.draining |= {int(w) for w in drain}
                 logger.info("workers asked to leave: %s", sorted(self.draining))
             if undrain:
                 self.draining -= {int(w) for w in undrain}
             if total_batches is not None:
-                if int(total_batches) < 1:
-                    raise StoreError(f"total_batches must be >= 1. Received: total_batches={total_batches!r}.")
                 self.total_batches = int(total_batches)
             self._cond.notify_all()
             return {"draining": sorted(self.draining), "total_batches": self.total_batches,

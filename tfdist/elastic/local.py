@@ -1,0 +1,56 @@
+"""``tfdist.launch`` for elastic jobs on this machine: servers from the launcher, workers from the engine."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable
+
+from tfdist.cluster.local import TRAINING_JOBS, LocalJob
+from tfdist.elastic.actuators import LocalActuator
+from tfdist.elastic.engine import ElasticEngine, EngineResult, PSControl
+from tfdist.errors import LaunchError
+
+__all__ = ["run_local_elastic"]
+
+logger = logging.getLogger(__name__)
+
+
+def run_local_elastic(job: LocalJob, timeout: float | None = None,
+                      on_poll: Callable[[ElasticEngine], None] | None = None) -> EngineResult:
+    """Starts the job's servers, lets the engine run the workers, returns what happened.
+
+    Parameter servers, input and evaluator tasks start at once; training
+    workers are started (and stopped, and replaced) by the
+    :class:`~tfdist.elastic.engine.ElasticEngine` through a
+    :class:`~tfdist.elastic.actuators.LocalActuator`. Decisions are appended
+    to ``<log_dir>/elastic.jsonl``. The caller stops the job afterwards.
+
+    Args:
+        job: The launcher's job (not started).
+        timeout: Bound on the whole job. Defaults to ``launch.job_timeout_s``.
+        on_poll: Called with the engine after every poll (tests inject crashes here).
+
+    Raises:
+        LaunchError: a server task failed, the PS became unreachable, or the
+            job ran past ``timeout``.
+    """
+    servers = [t for t in job.all_tasks() if t.job not in TRAINING_JOBS]
+    job.start(servers)
+    os.makedirs(job.log_dir, exist_ok=True)
+    source = PSControl(job.config, job.token)
+    source.client.wait_ready(job.config.ps.startup_timeout_s)
+    engine = ElasticEngine(job.config, LocalActuator(job), source, log_path=os.path.join(job.log_dir, "elastic.jsonl"))
+
+    def watch(engine: ElasticEngine) -> None:
+        for proc in list(job.tasks.values()):
+            if proc.task.job in ("ps", "input") and proc.poll() not in (None, 0):
+                job._fail(proc)  # raises LaunchError naming the task
+        if on_poll is not None:
+            on_poll(engine)
+
+    timeout = timeout if timeout is not None else job.config.launch.job_timeout_s
+    try:
+        return engine.run(timeout=timeout, on_poll=watch)
+    finally:
+        source.close()
