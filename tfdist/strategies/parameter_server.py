@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import secrets
@@ -678,6 +679,10 @@ class ParameterServerStrategy(StrategyBase):
         """
         # An in-process PS needs no "done" message (and may already be gone).
         self._runtime.close(done=self._local_server is None)
+        # Free dead Keras models (reference cycles) and their tf.data iterators now, while every
+        # thread can still run: left to interpreter finalisation, an iterator's destructor can wait
+        # forever for its prefetch thread and the process never exits.
+        gc.collect()
         if self._local_server is not None:
             self._local_server.stop(0)
             self._local_server = None
