@@ -28,6 +28,7 @@ _LAZY = {
     "straggler": "tfdist.straggler",
     "data": "tfdist.data",
     "federated": "tfdist.federated",
+    "elastic": "tfdist.elastic",
     "testing": "tfdist.testing",
     "ps": "tfdist.ps",
 }
