@@ -7,7 +7,6 @@ dies (Linux ``PR_SET_PDEATHSIG``), so no task outlives the job.
 from __future__ import annotations
 
 import collections
-import ctypes
 import logging
 import os
 import signal
@@ -24,12 +23,24 @@ __all__ = ["TaskProcess"]
 logger = logging.getLogger(__name__)
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+#: Runs in a fresh interpreter before the task: ask the kernel to SIGKILL us when the launcher dies
+#: (PR_SET_PDEATHSIG survives exec), give up if it already died, then exec the task. A ``preexec_fn``
+#: would do this between fork and exec, which is unsafe in a launcher with threads (gRPC, log pumps):
+#: the forked child can crash or deadlock on a lock another thread held.
+_DIE_WITH_PARENT = (
+    "import ctypes,os,signal,sys\n"
+    "try: ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "except OSError: pass\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(137)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    """``argv`` wrapped so the task dies with this process (Linux); unchanged elsewhere."""
+    if not sys.platform.startswith("linux") or not argv or not os.path.isabs(argv[0]):
+        return list(argv)
+    return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 class TaskProcess:
@@ -79,13 +90,12 @@ class TaskProcess:
             os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
             self._log = open(self.log_path, "a", encoding="utf-8", errors="replace")
         self.proc = subprocess.Popen(
-            self.argv,
+            _with_parent_death_signal(self.argv),
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             text=True,
             errors="replace",
             bufsize=1,
