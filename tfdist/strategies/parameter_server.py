@@ -108,7 +108,10 @@ class _Runtime:
         #: Seconds the current/last training step spent blocked on the PS (waits, transfers).
         self.step_wait_s = 0.0
         # Elastic join: train this many batches locally (build, trace, warm caches) before joining the job.
-        warmup = int(os.environ.get(constants.ENV_WARMUP_BATCHES, "0") or 0)
+        # The engine sets the variable for the workers it starts; a worker started by hand (--task) into
+        # an elastic job's spare slot warms up as the config says.
+        default = config.elastic.warmup_batches if config.elastic.enabled and self.worker_id >= config.starting_workers else 0
+        warmup = int(os.environ.get(constants.ENV_WARMUP_BATCHES, str(default)) or 0)
         self.warmup_left = warmup if self.worker_id > 0 else 0
         self.in_warmup = False
         self._warmup_started: float | None = None
