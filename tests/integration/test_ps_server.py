@@ -185,3 +185,19 @@ def test_tls(tmp_path):
         with PSClient([server.address], "tls-token-123", rpc_timeout_s=2) as plain:  # no TLS: cannot talk
             with pytest.raises(PSUnavailableError):
                 plain.call(0, "Status", {})
+
+
+def test_start_ps_names_a_parameter_server_that_died_at_start():
+    import socket
+
+    from tfdist.errors import LaunchError
+
+    cfg = JobConfig.from_dict({"ps": {"startup_timeout_s": 120}})
+    with LocalCluster(workers=1, ps=1, config=cfg) as c:
+        host, port = c.config.cluster.ps[0].rsplit(":", 1)
+        with socket.socket() as taken:  # someone else holds the PS's port: the PS cannot bind and exits
+            taken.bind((host, int(port)))
+            taken.listen()
+            with pytest.raises(LaunchError, match=r"ps:0") as e:
+                c.start_ps(ready_timeout=120)  # fails as soon as the PS exits, not after 120 s
+    assert "Could not bind" in str(e.value) or "exit" in str(e.value)

@@ -163,6 +163,28 @@ class LocalJob:
         self.tasks[key] = proc
         return proc
 
+    def wait_servers_ready(self, client, timeout: float) -> None:
+        """Waits (bounded) until ``client`` reaches every PS task, failing fast if one exits.
+
+        Raises:
+            LaunchError: a PS (or input) task exited during the wait (the message
+                names it and shows its last lines); every task is stopped.
+            PSUnavailableError: no answer within ``timeout`` seconds.
+        """
+        from tfdist.errors import PSUnavailableError
+
+        deadline = time.monotonic() + timeout
+        while True:
+            for proc in list(self.tasks.values()):
+                if proc.task.job in ("ps", "input") and proc.poll() is not None:
+                    self._fail(proc)
+            try:
+                client.wait_ready(min(1.0, max(deadline - time.monotonic(), 0.01)))
+                return
+            except PSUnavailableError:
+                if time.monotonic() >= deadline:
+                    raise
+
     def kill(self, task: TaskSpec | str) -> None:
         """SIGKILL one task (a crash)."""
         self.tasks[str(task)].kill()

@@ -39,7 +39,7 @@ def run_local_elastic(job: LocalJob, timeout: float | None = None,
     job.start(servers)
     os.makedirs(job.log_dir, exist_ok=True)
     source = PSControl(job.config, job.token)
-    source.client.wait_ready(job.config.ps.startup_timeout_s)
+    job.wait_servers_ready(source.client, job.config.ps.startup_timeout_s)
     engine = ElasticEngine(job.config, LocalActuator(job), source, log_path=os.path.join(job.log_dir, "elastic.jsonl"))
 
     def watch(engine: ElasticEngine) -> None:

@@ -90,7 +90,7 @@ class LocalCluster:
         """
         self.job.start([TaskSpec("ps", i) for i in range(len(self.config.cluster.ps))])
         with self.client() as c:
-            c.wait_ready(ready_timeout)
+            self.job.wait_servers_ready(c, ready_timeout)  # fails at once, naming it, if a PS dies
         return list(self.config.cluster.ps)
 
     def start(self, script: str, args: Sequence[str] = (), tasks: Sequence[str | TaskSpec] | None = None) -> None:
