@@ -130,9 +130,12 @@ def test_persistent_straggler_is_replaced_before_it_is_removed(tmp_path):
     {"consistency": "sync_replicas", "replicas_to_aggregate": 1},
 ], ids=["ssp", "sync_replicas"])
 def test_worker_joins_a_running_sync_job_without_holding_it_back(tmp_path, consistency):
-    """SSP: the joiner adopts the slowest clock. SyncReplicas(1 of 1): the barrier becomes 2 of 2 at a step boundary."""
+    """SSP: the joiner adopts the slowest clock. SyncReplicas(1 of 1): the barrier becomes 2 of 2 at a step boundary.
+
+    Two PS tasks: the joiner pulls its parameters from both shards.
+    """
     config = {
-        "cluster": {"ps": 1, "worker": 2},
+        "cluster": {"ps": 2, "worker": 2},
         "strategy": consistency,
         "ps": {"heartbeat_interval_s": 1},
         "elastic": {"min_workers": 1, "max_workers": 2, "initial_workers": 1, "interval_batches": 20,
