@@ -27,3 +27,6 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
 
 #: Training batches a joining worker runs locally before it joins an elastic job (set by the engine).
 ENV_WARMUP_BATCHES = "TFDIST_WARMUP_BATCHES"
+
+#: Seconds a task process may take to shut down after its script ended before it exits 1 (0: no bound).
+ENV_EXIT_TIMEOUT_S = "TFDIST_EXIT_TIMEOUT_S"

@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import gc
 import logging
 import os
 import secrets
@@ -543,7 +542,7 @@ class ParameterServerStrategy(StrategyBase):
         policy_from_spec(policy_spec, config.starting_workers)  # validates
         self._runtime = _Runtime(config, task, token, variable_filter or default_variable_filter, policy_spec)
         super().__init__(ParameterServerExtended(self, self._runtime))
-        atexit.register(self.shutdown)
+        atexit.register(self._at_exit)
         logger.info(
             "%s: task=%s worker_id=%d workers=%d ps=%s consistency=%s placement=%s",
             type(self).__name__,
@@ -675,6 +674,12 @@ class ParameterServerStrategy(StrategyBase):
         """
         self._runtime.leave()
 
+    def _at_exit(self) -> None:
+        in_cluster = self._local_server is None
+        self.shutdown()
+        if in_cluster:
+            _arm_exit_watchdog()
+
     def shutdown(self) -> None:
         """Tells the PS this worker is done and closes connections (idempotent).
 
@@ -682,13 +687,27 @@ class ParameterServerStrategy(StrategyBase):
         """
         # An in-process PS needs no "done" message (and may already be gone).
         self._runtime.close(done=self._local_server is None)
-        # Free dead Keras models (reference cycles) and their tf.data iterators now, while every
-        # thread can still run: left to interpreter finalisation, an iterator's destructor can wait
-        # forever for its prefetch thread and the process never exits.
-        gc.collect()
         if self._local_server is not None:
             self._local_server.stop(0)
             self._local_server = None
+
+
+def _arm_exit_watchdog() -> None:
+    """Bounds interpreter shutdown of a task process: exit 1 (with every thread's stack) if it hangs.
+
+    A worker that stopped ``fit`` early (elastic jobs) sometimes never exits:
+    at interpreter finalisation a ``tf.data`` iterator's destructor waits for
+    one of its threads forever (seen in TF 2.21 under py-spy:
+    ``IteratorResource::~IteratorResource`` → ``LogicalThreadWrapper`` →
+    ``WaitForNotification``). ``faulthandler``'s watchdog is a C thread that
+    needs no GIL, so it still fires then. ``TFDIST_EXIT_TIMEOUT_S`` (default
+    20; 0 disables) sets the bound.
+    """
+    import faulthandler
+
+    seconds = float(os.environ.get(constants.ENV_EXIT_TIMEOUT_S, "20") or 0)
+    if seconds > 0:
+        faulthandler.dump_traceback_later(seconds, exit=True)
 
 
 class _ExcludeStragglers:
