@@ -7,6 +7,7 @@ emulate bigger models; the knee is real: the PS applies at most
 engine's timeout and the test's; ``job.stop()`` tears everything down.
 """
 
+import json
 import os
 
 import pytest
@@ -33,6 +34,19 @@ def run(tmp_path, config: dict, on_poll=None, step_delay=0.1, timeout=270):
 
 def kinds(result, kind):
     return [d for d in result.decisions if d["kind"] == kind]
+
+
+def stop_reasons(tmp_path) -> dict[int, list]:
+    """Why each worker process stopped training, from the JSON the worker script wrote after ``fit``.
+
+    Exit codes are not used for this: a worker that left sometimes hangs in TensorFlow's interpreter
+    shutdown and is ended by the exit watchdog (exit 1) or the engine (-15) after it finished.
+    """
+    out = {}
+    for path in sorted((tmp_path / "out").glob("worker-*.json")):
+        data = json.loads(path.read_text())
+        out.setdefault(data["worker"], []).append(data["reason"])
+    return out
 
 
 def end_job_once(condition, extra_batches=30):
@@ -71,7 +85,10 @@ def test_job_grows_from_one_worker_and_settles_at_the_knee(tmp_path):
     mean = {k: sum(v) / len(v) for k, v in by_size.items()}
     assert mean[2] > 1.25 * mean[1]  # throughput scaled while workers were added (up to the cap of 12/s)
     assert mean[result.settled_workers] >= 0.9 * max(mean.values())  # the settled size is at the top
-    assert result.progress >= 1 and all(code == [0] for code in result.exits.values()), result.exits
+    assert result.progress >= 1 and not kinds(result, "crash")
+    reasons = stop_reasons(tmp_path)
+    assert reasons[result.settled_workers] == ["leave"]  # the worker past the knee was drained gracefully
+    assert all(r[-1] == "job_done" for w, r in reasons.items() if w < result.settled_workers)
 
 
 def test_crashed_worker_is_dropped_and_bsp_training_continues(tmp_path):
@@ -95,7 +112,7 @@ def test_crashed_worker_is_dropped_and_bsp_training_continues(tmp_path):
     crash = kinds(result, "crash")
     assert killed and len(crash) == 1 and crash[0]["worker"] == 1
     assert result.exits[1] == [-9]
-    assert result.exits[0] == [0]  # worker 0 carried on alone and left when the job was done
+    assert stop_reasons(tmp_path) == {0: ["job_done"]}  # worker 0 carried on alone until the job was done
     assert result.progress >= 160 > killed["at"]
     assert kinds(result, "job_done")
 
@@ -120,8 +137,9 @@ def test_persistent_straggler_is_replaced_before_it_is_removed(tmp_path):
     left = [d for d in kinds(result, "left") if d["worker"] == 1]
     assert joined and replaced and left
     assert joined[0]["t"] <= replaced[0]["t"] <= left[0]["t"]  # replacement before removal
-    assert result.exits[1] == [0]  # it left gracefully (drained), it was not killed
-    assert kinds(result, "job_done") and result.exits[0] == [0] and result.exits[new] == [0]
+    assert not [d for d in kinds(result, "stop") if d["worker"] == 1]  # it left gracefully, it was not stopped
+    assert stop_reasons(tmp_path) == {0: ["job_done"], 1: ["leave"], new: ["job_done"]}
+    assert kinds(result, "job_done") and not kinds(result, "crash")
     assert not [d for d in kinds(result, "spare") if d["action"]["worker"] != 1]  # no healthy worker replaced
 
 
@@ -157,4 +175,4 @@ def test_worker_joins_a_running_sync_job_without_holding_it_back(tmp_path, consi
         assert clocks[1] >= clocks[0] - 2 - 1 and clocks[0] > 10, clocks
     else:
         assert policy["step_replicas"] == 2  # M follows N: 1 of 1 became 2 of 2
-    assert kinds(result, "job_done") and result.exits == {0: [0], 1: [0]}
+    assert kinds(result, "job_done") and stop_reasons(tmp_path) == {0: ["job_done"], 1: ["job_done"]}

@@ -48,6 +48,9 @@ __all__ = ["ElasticEngine", "EngineResult", "PSControl", "StatusSource", "scalin
 
 logger = logging.getLogger(__name__)
 
+#: Crashes before the PS is initialised that the engine answers with a restart (then it gives up).
+MAX_CRASHES_BEFORE_START = 3
+
 
 class StatusSource(Protocol):
     """What the engine needs from the parameter servers (``PSControl`` over gRPC)."""
@@ -104,6 +107,13 @@ class WorkerRecord:
     leaving: float | None = None  # when it was asked to leave
     reason: str = ""
 
+    def to_dict(self, t0: float, ended: float, code: int | None) -> dict[str, Any]:
+        def rel(t):
+            return None if t is None or t == math.inf else round(t - t0, 3)
+
+        return {"worker": self.worker, "role": self.role, "started": rel(self.started), "joined": rel(self.counted),
+                "asked_to_leave": rel(self.leaving), "ended": rel(ended), "exit": code, "reason": self.reason}
+
 
 @dataclass
 class _Window:
@@ -125,6 +135,8 @@ class EngineResult:
     timeline: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
     exits: dict[int, list] = field(default_factory=dict)
+    #: One entry per worker process: role, started/joined/asked_to_leave/ended (s from the job's start), exit.
+    workers: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -175,6 +187,8 @@ class ElasticEngine:
         self._settled_s: float | None = None
         self._last_status: dict[str, Any] = {}
         self._done_logged = False
+        self._history: list[dict] = []
+        self._early_crashes = 0
 
     # ------------------------------------------------------------------ log
     def _record(self, kind: str, message: str, level: int = logging.INFO, **numbers: Any) -> dict:
@@ -258,7 +272,7 @@ class ElasticEngine:
         self._last_status = status
         batches = self._batches(status)
         for rec in self.workers.values():
-            if rec.counted is None and batches.get(rec.worker, 0) > rec.base_batches:
+            if rec.counted is None and batches.get(rec.worker, 0) > rec.base_batches and not self._done_logged:
                 rec.counted = now
                 self._record("join", f"worker {rec.worker} ({rec.role}) joined after {now - rec.started:.1f} s "
                              "of start-up and warm-up", worker=rec.worker, role=rec.role,
@@ -283,9 +297,10 @@ class ElasticEngine:
                 continue
             self._worker_seconds += now - rec.started
             self.exits.setdefault(worker, []).append(code)
+            self._history.append(rec.to_dict(self._t0, now, code))
             self.planner.forget(worker)
             if rec.leaving is not None or self._done_logged:
-                self._record("left", f"worker {worker} left ({rec.reason or 'job done'}; exit {code})",
+                self._record("left", f"worker {worker} left, exit {code} ({rec.reason or 'job done'})",
                              worker=worker, exit=code)
                 continue
             if code == 0:
@@ -299,9 +314,18 @@ class ElasticEngine:
             self._record("crash", f"worker {worker} crashed (exit {code}); the job goes on without it",
                          worker=worker, exit=code, workers=self.active())
             self._window = None
-            if self.scaling is not None and len(self.active()) < self.target:
-                new = self._start("restart", f"replaces crashed worker {worker}")
-                self._record("restart", f"starting worker {new} to keep {self.target} worker(s)",
+            before_init = not self._last_status.get("initialized", False)
+            if before_init:
+                self._early_crashes += 1
+                if self._early_crashes > MAX_CRASHES_BEFORE_START:
+                    raise LaunchError(
+                        f"Workers crashed {self._early_crashes} times before the job started (worker {worker} "
+                        f"exit {code}); not restarting again. See the workers' logs.")
+            if before_init or (self.scaling is not None and len(self.active()) < self.target):
+                new = self._start("restart", f"replaces crashed worker {worker}", warmup=not before_init)
+                why = ("the job had not started (the PS is not initialised)" if before_init
+                       else f"to keep {self.target} worker(s)")
+                self._record("restart", f"starting worker {new} in place of worker {worker}: {why}",
                              worker=new, replaces=worker, target=self.target)
 
     def _force_stop_stale_drains(self, now: float) -> None:
@@ -360,10 +384,11 @@ class ElasticEngine:
             if d.action is Action.REMOVE:
                 leaving = [w for w in sorted(self.active(), reverse=True) if w != 0][: len(self.active()) - d.target]
                 for w in leaving:
-                    self._drain(w, "scale down: " + d.reason)
+                    self._drain(w, "scale down")
                 self.scaling.applied(d.target)
                 self.target = d.target
-                self._record("scale_down", f"removing worker(s) {leaving}: {d.reason}", decision=entry)
+                self._record("scale_down", f"removing worker(s) {leaving}: {d.reason}", decision=entry,
+                             workers=leaving)
                 return
             self._record("stay", d.reason, level=logging.DEBUG, decision=entry)
         for action in self.planner.plan(joined=self.counted()):
@@ -378,7 +403,7 @@ class ElasticEngine:
                 self._record("spare", f"starting spare {spare}: {action.reason}", action=action.to_dict(),
                              spare=spare)
             elif action.kind == REMOVE:
-                self._drain(action.worker, "replaced: " + action.reason)
+                self._drain(action.worker, "replaced by a spare")
                 self._record("replace", action.reason, action=action.to_dict())
             elif action.kind == KEEP_SPARE:
                 self._record("keep_spare", action.reason, action=action.to_dict())
@@ -409,6 +434,7 @@ class ElasticEngine:
         now = self.clock()
         for rec in self.workers.values():
             self._worker_seconds += now - rec.started
+            self._history.append(rec.to_dict(self._t0, now, None))
         self.actuator.close()
         self.workers.clear()
 
@@ -422,4 +448,5 @@ class ElasticEngine:
             timeline=list(self.timeline),
             decisions=list(self.decisions),
             exits=dict(self.exits),
+            workers=list(self._history),
         )

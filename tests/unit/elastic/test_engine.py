@@ -54,7 +54,8 @@ class SimulatedPS:
                 self.actuator.end(w, 0)
 
     def status(self):
-        return {"worker_batches": {str(w): int(n) for w, n in self.batches.items()}, "progress": int(self.progress),
+        return {"initialized": True, "worker_batches": {str(w): int(n) for w, n in self.batches.items()},
+                "progress": int(self.progress),
                 "total_batches": self.total, "job_done": self.total is not None and self.progress >= self.total}
 
     def control(self, drain=None, total_batches=None, gone=None, undrain=None):
@@ -173,3 +174,27 @@ def test_engine_config_errors_name_the_field():
         JobConfig.from_dict({"elastic": {"min_workers": 2, "max_workers": 4, "initial_workers": 5}})
     with pytest.raises(ConfigError, match="elastic.utility"):
         JobConfig.from_dict({"elastic": {"utility": {"kind": "quadratic"}}})
+
+
+def test_a_worker_that_crashes_before_the_job_started_is_restarted_a_bounded_number_of_times():
+    from tfdist.errors import LaunchError
+
+    engine, ps, actuator = make({"max_workers": 2, "initial_workers": 2, "autoscale": False,
+                                 "replace_stragglers": False}, rate=lambda w: 10.0)
+    ps.status = lambda: {"initialized": False, "worker_batches": {}, "progress": 0}  # the chief never initialises
+    for attempt in range(3):
+        actuator.end(0, -11)  # the chief dies at start
+        engine.poll()
+        assert actuator.running() == {0, 1}, attempt  # started again in its slot
+    actuator.end(0, -11)
+    with pytest.raises(LaunchError, match="crashed 4 times before the job started"):
+        engine.poll()
+
+
+def test_result_lists_every_worker_process_with_its_times():
+    engine, ps, actuator = make({"max_workers": 1, "autoscale": False, "total_batches": 30,
+                                 "replace_stragglers": False}, rate=lambda w: 10.0)
+    drive(engine, ps, 10)
+    workers = engine.result().workers
+    assert [(w["worker"], w["role"], w["exit"]) for w in workers] == [(0, "initial", 0)]
+    assert workers[0]["started"] == 0.0 and 0 < workers[0]["joined"] <= workers[0]["ended"]
