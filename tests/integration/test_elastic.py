@@ -61,6 +61,8 @@ def end_job_once(condition, extra_batches=30):
     return hook
 
 
+@pytest.mark.slow  # the default run covers this scenario with notebook 06 (test_elastic_notebook.py); so does
+# `python benchmarks/autoscaling.py --quick`
 def test_job_grows_from_one_worker_and_settles_at_the_knee(tmp_path):
     # ~9 batches/s per worker (0.1 s emulated compute) against a PS capped at 12 updates/s: the knee is at 2
     # (or 3 on a loaded machine); the engine must not run on to max_workers.
@@ -145,7 +147,8 @@ def test_persistent_straggler_is_replaced_before_it_is_removed(tmp_path):
 
 @pytest.mark.parametrize("consistency", [
     {"consistency": "ssp", "staleness": 2},
-    {"consistency": "sync_replicas", "replicas_to_aggregate": 1},
+    # M following N is also covered without processes by tests/unit/test_store_elastic.py
+    pytest.param({"consistency": "sync_replicas", "replicas_to_aggregate": 1}, marks=pytest.mark.slow),
 ], ids=["ssp", "sync_replicas"])
 def test_worker_joins_a_running_sync_job_without_holding_it_back(tmp_path, consistency):
     """SSP: the joiner adopts the slowest clock. SyncReplicas(1 of 1): the barrier becomes 2 of 2 at a step boundary.
