@@ -80,7 +80,9 @@ def main():
     result = {"worker_id": strategy.worker_id, "is_chief": strategy.is_chief}
     if args.load_weights and strategy.is_chief:
         model.load_weights(args.load_weights)
-    result["initial_eval"] = model.evaluate(x_test, data.y_test, verbose=0)
+    # One batch, so one pull: a worker that evaluates batch by batch pulls before every batch and can see
+    # the other worker's first training updates (it starts fit as soon as its own evaluation is done).
+    result["initial_eval"] = model.evaluate(x_test, data.y_test, batch_size=len(x_test), verbose=0)
     callbacks = []
     if args.crash_after_epochs and strategy.worker_id == args.crash_worker:
         callbacks.append(CrashAfter(args.crash_after_epochs))
