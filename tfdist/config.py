@@ -258,6 +258,9 @@ class PSConfig:
             queue. ``None`` (the default) is no cap. Use it to emulate a
             parameter server of limited capacity, e.g. the throughput knee an
             autoscaler must find.
+        tune_malloc: Keep multi-MB message buffers in the heap of PS and
+            worker processes instead of a fresh ``mmap`` per message (glibc
+            only; see :mod:`tfdist.ps.memory`). Defaults to ``True``.
     """
 
     placement: str = "round_robin"
@@ -268,8 +271,11 @@ class PSConfig:
     heartbeat_interval_s: float = constants.DEFAULT_HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = constants.DEFAULT_HEARTBEAT_TIMEOUT_S
     max_updates_per_s: float | None = None
+    tune_malloc: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.tune_malloc, bool):
+            raise _fail("ps.tune_malloc", self.tune_malloc, "Give true or false.")
         if self.max_updates_per_s is not None and (
             isinstance(self.max_updates_per_s, bool) or not isinstance(self.max_updates_per_s, (int, float))
             or self.max_updates_per_s <= 0

@@ -1,8 +1,8 @@
 """Raw grpcio unary echo server (bytes in, the same bytes out): the loopback ceiling.
 
 It uses the same server options as ``tfdist.ps.PSServer`` (message limits,
-thread pool) and identity (de)serialisers, so a call costs only what grpcio
-itself costs. Prints ``PORT <n>`` on stdout once it serves; stops on SIGTERM.
+thread pool, the malloc settings of ``tfdist.ps.memory``) and identity
+(de)serialisers, so a call costs only what grpcio itself costs. Prints ``PORT <n>`` on stdout once it serves; stops on SIGTERM.
 
 Usage: grpc_echo.py [--port 0]
 """
@@ -10,12 +10,16 @@ Usage: grpc_echo.py [--port 0]
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 from concurrent import futures
 
 import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tfdist.ps import memory  # noqa: E402  (no TensorFlow)
 
 SERVICE = "bench.Echo"
 METHOD = f"/{SERVICE}/Echo"
@@ -31,6 +35,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0)
     args = p.parse_args()
+    memory.tune_malloc()  # as PSServer does, so the ceiling is measured under the same settings
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=OPTIONS)
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Echo": handler}),))

@@ -54,6 +54,7 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
         tls_credentials=creds,
         task_index=task.index,
         startup_grace_s=config.ps.startup_timeout_s,
+        tune_malloc=config.ps.tune_malloc,
     )
 
 

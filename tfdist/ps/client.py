@@ -1,13 +1,21 @@
 """Worker-side gRPC client of the parameter-server tasks.
 
-Calls to different PS tasks run in parallel (one gRPC future each); every
-call has a deadline, and a failure becomes a tfdist error that names the
-task, its address and the setting that controls the timeout.
+Calls to different PS tasks run in parallel (the first in the calling
+thread, the others on a small pool of threads, each a blocking gRPC call);
+every call has a deadline, and a failure becomes a tfdist error that names
+the task, its address and the setting that controls the timeout.
+
+Blocking calls rather than gRPC futures: grpcio completes a future's
+response on its channel-polling thread, which for multi-megabyte messages
+costs about twice the client CPU of a blocking call (measured with
+grpcio 1.85: 16 MiB echo, 41-45 ms vs 18-22 ms of client CPU per call).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
 import grpc
@@ -16,7 +24,7 @@ import numpy as np
 from tfdist import constants
 from tfdist.auth import token_metadata
 from tfdist.errors import AuthError, PSRejectedError, PSUnavailableError
-from tfdist.ps import wire
+from tfdist.ps import memory, wire
 from tfdist.ps.server import METHODS as _METHODS
 from tfdist.ps.server import SERVICE
 
@@ -39,6 +47,8 @@ class PSClient:
         rpc_timeout_s: Deadline of each call (setting ``ps.rpc_timeout_s``).
         max_message_bytes: Largest message sent or received.
         tls_ca: Path of a PEM root certificate: use TLS and verify the PS.
+        tune_malloc: Apply :func:`tfdist.ps.memory.tune_malloc` to this
+            process. Defaults to ``True``.
     """
 
     def __init__(
@@ -48,7 +58,10 @@ class PSClient:
         rpc_timeout_s: float = constants.DEFAULT_RPC_TIMEOUT_S,
         max_message_bytes: int = constants.DEFAULT_MAX_MESSAGE_BYTES,
         tls_ca: str | None = None,
+        tune_malloc: bool = True,
     ):
+        if tune_malloc:
+            memory.tune_malloc()
         self.addresses = list(addresses)
         self.rpc_timeout_s = rpc_timeout_s
         self._metadata = token_metadata(token)
@@ -64,6 +77,8 @@ class PSClient:
         else:
             self._channels = [grpc.insecure_channel(a, options=options) for a in self.addresses]
         self._stubs = [{m: ch.unary_unary(f"/{SERVICE}/{m}") for m in _METHODS} for ch in self._channels]
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     @property
     def num_ps(self) -> int:
@@ -95,19 +110,45 @@ class PSClient:
     def call_many(self, method: str, requests: Mapping[int, Request], timeout: float | None = None) -> dict[int, Response]:
         """The same method on several PS tasks at once; waits for all."""
         timeout = self.rpc_timeout_s if timeout is None else timeout
-        futures = {}
-        for ps, (meta, tensors) in requests.items():
-            payload = wire.encode(meta, tensors)
-            futures[ps] = self._stubs[ps][method].future(payload, timeout=timeout, metadata=self._metadata)
+        items = list(requests.items())
+        if not items:
+            return {}
+        outcomes: dict[int, Response | Exception] = {}
+        pending = []
+        if len(items) > 1:
+            pool = self._executor()
+            pending = [(ps, pool.submit(self._call_one, ps, method, meta, tensors, timeout))
+                       for ps, (meta, tensors) in items[1:]]
+        ps, (meta, tensors) = items[0]
+        outcomes[ps] = self._call_one(ps, method, meta, tensors, timeout)
+        for ps, fut in pending:
+            outcomes[ps] = fut.result()
         results, first_error = {}, None
-        for ps, fut in futures.items():
-            try:
-                results[ps] = wire.decode(fut.result())
-            except grpc.RpcError as e:
-                first_error = first_error or self._translate(e, ps, method, timeout)
+        for ps, _ in items:
+            outcome = outcomes[ps]
+            if isinstance(outcome, Exception):
+                first_error = first_error or outcome
+            else:
+                results[ps] = outcome
         if first_error is not None:
             raise first_error
         return results
+
+    def _call_one(self, ps: int, method: str, meta, tensors, timeout: float) -> Response | Exception:
+        """One blocking call; returns (not raises) its translated error."""
+        payload = wire.encode(meta, tensors)
+        try:
+            reply = self._stubs[ps][method](payload, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            return self._translate(e, ps, method, timeout)
+        return wire.decode(reply)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=max(self.num_ps - 1, 1),
+                                                thread_name_prefix="tfdist-ps-call")
+            return self._pool
 
     def call_all(self, method: str, meta: Mapping[str, Any], timeout: float | None = None) -> dict[int, Response]:
         """The same tensor-less request to every PS task."""
@@ -126,6 +167,10 @@ class PSClient:
         return PSRejectedError(f"{details} ({where})")
 
     def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
         for ch in self._channels:
             ch.close()
 

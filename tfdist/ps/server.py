@@ -30,7 +30,7 @@ from tfdist.auth import check_token
 from tfdist.consistency import policy_from_spec
 from tfdist.consistency.base import ConsistencyPolicy
 from tfdist.errors import ConfigError, WireFormatError
-from tfdist.ps import wire
+from tfdist.ps import memory, wire
 from tfdist.ps.placement import VariableSpec
 from tfdist.ps.store import ParameterStore, StoreError
 
@@ -73,6 +73,8 @@ class PSServer:
             Defaults to ``True``; elastic jobs turn it off (workers come and
             go; the launcher stops the PS at the end).
         max_updates_per_s: See :class:`ParameterStore`.
+        tune_malloc: Apply :func:`tfdist.ps.memory.tune_malloc` to this
+            process. Defaults to ``True``.
     """
 
     def __init__(
@@ -90,7 +92,10 @@ class PSServer:
         max_threads: int = 32,
         startup_grace_s: float = constants.DEFAULT_STARTUP_TIMEOUT_S,
         max_updates_per_s: float | None = None,
+        tune_malloc: bool = True,
     ):
+        if tune_malloc:
+            memory.tune_malloc()
         self.store = ParameterStore(policy, heartbeat_timeout_s=heartbeat_timeout_s, startup_grace_s=startup_grace_s,
                                     max_updates_per_s=max_updates_per_s)
         self._token = token.encode() if token else None

@@ -172,6 +172,7 @@ class _Runtime:
                 rpc_timeout_s=self.config.ps.rpc_timeout_s,
                 max_message_bytes=self.config.ps.max_message_bytes,
                 tls_ca=self.config.security.tls_ca,
+                tune_malloc=self.config.ps.tune_malloc,
             )
             common = dict(
                 startup_timeout_s=self.config.ps.startup_timeout_s,
