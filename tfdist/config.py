@@ -185,6 +185,11 @@ class StrategyConfig:
         max_staleness: DTSSP upper bound. Defaults to 10.
         window: DTSSP loss window in global clocks. Defaults to 10.
         delta: DTSSP dead band of the learning-progress ratio. Defaults to 0.01.
+        overlap_exchange: Async (ASP) only: send each step's update and pull
+            fresh values in the background while the next step computes on
+            the local values; the fresh values are folded in when they arrive
+            (no local update is lost; a step may compute on values one
+            exchange older). Defaults to ``True``.
     """
 
     consistency: str = "async"
@@ -194,8 +199,11 @@ class StrategyConfig:
     max_staleness: int = 10
     window: int = 10
     delta: float = 0.01
+    overlap_exchange: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.overlap_exchange, bool):
+            raise _fail("strategy.overlap_exchange", self.overlap_exchange, "Give true or false.")
         allowed = ("async", "bsp", "sync_replicas", "ssp", "dtssp")
         if self.consistency not in allowed:
             raise _fail("strategy.consistency", self.consistency, f"Use one of {list(allowed)}.")

@@ -64,6 +64,19 @@ def test_async_two_workers_two_ps_reach_90_percent_on_digits(tmp_path, scripts_d
     assert acc >= 0.90
 
 
+@pytest.mark.parametrize("overlap", [1, 0])
+def test_async_pushes_every_update_exactly_once(tmp_path, scripts_dir, overlap):
+    """SGD with a gradient of exactly 1: the PS ends at -lr x steps x workers, bit for bit."""
+    steps = 40
+    res = _run(tmp_path, os.path.join(scripts_dir, "exact_sgd_worker.py"),
+               ["--steps", str(steps), "--overlap", str(overlap)], workers=2, ps=2)
+    for r in res:
+        assert r["sync_stats"]["syncs"] == steps
+        assert r["sync_stats"]["bytes_pulled"] > 0  # the other worker's updates did arrive mid-training
+        for w in r["weights"]:
+            assert np.all(np.array(w) == r["expected"]), (r["expected"], w)
+
+
 def test_embedding_and_batchnorm_train(tmp_path, scripts_dir):
     res = _run(tmp_path, os.path.join(scripts_dir, "train_worker.py"),
                ["--model", "embed_bn", "--epochs", "4"], workers=2, ps=1)

@@ -212,13 +212,20 @@ class PSServer:
             self.store.check_compatible([VariableSpec.from_dict(d) for d in meta["specs"]], self._policy(meta))
         return {"initialized": ready, "version": self.store.version, "global_step": self.store.global_step}, {}
 
-    def _pull(self, meta, context, extra: dict | None = None) -> bytes:
-        """Encodes the requested values under the store lock (one copy)."""
+    def _pull(self, meta, context, extra: dict | None = None, unchanged_at: int | None = None) -> bytes:
+        """Encodes the requested values under the store lock (one copy).
+
+        With ``unchanged_at``, a read that finds the store still at that
+        version answers ``unchanged: True`` without the values (the caller
+        knows them: see :class:`tfdist.ps.session.WorkerSession`).
+        """
         keys = meta.get("keys")
         worker, clock = int(meta.get("worker", -1)), int(meta.get("clock", 0))
         min_state_step = meta.get("min_state_step")
 
         def consume(info: dict, values: dict) -> bytes:
+            if unchanged_at is not None and info["version"] == unchanged_at:
+                return wire.encode({**info, **(extra or {}), "unchanged": True})
             return wire.encode({**info, **(extra or {})}, values)
 
         return self.store.read(worker, clock, keys, consume, timeout=self._timeout(context),
@@ -237,7 +244,14 @@ class PSServer:
 
     def _rpc_PushPull(self, meta, tensors, context):
         result = self._push(meta, tensors, context)
-        return self._pull(meta, context, {"push": result})
+        # "base_version": the version the worker's snapshot holds. If this push
+        # landed right on it and nothing landed after it by the time of the
+        # read, the values are snapshot + delta, which the worker computes.
+        base = meta.get("base_version")
+        unchanged_at = None
+        if base is not None and result.get("applied") and result.get("previous_version") == int(base):
+            unchanged_at = result["version"]
+        return self._pull(meta, context, {"push": result}, unchanged_at=unchanged_at)
 
     def _rpc_PushGradients(self, meta, tensors, context):
         return self.store.push_gradients(int(meta["worker"]), int(meta["step"]), tensors, timeout=self._timeout(context))

@@ -18,9 +18,11 @@ call these from ``tf.py_function``; tests call them directly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -49,6 +51,11 @@ class WorkerSession:
         policy_spec: The consistency policy (``policy.spec()``) the chief
             installs on the PS and the others check. Defaults to async.
         num_workers: Training workers of the job (BSP waits for all of them).
+        conditional_pull: On push+pull, tell each PS task the version this
+            worker's snapshot holds; a task on which no other update landed
+            since then answers "unchanged" instead of sending the values back,
+            and the worker computes them (snapshot + its delta, the same
+            float additions the PS made). Defaults to ``True``.
     """
 
     def __init__(
@@ -62,8 +69,10 @@ class WorkerSession:
         heartbeat_interval_s: float | None = 2.0,
         policy_spec: dict | None = None,
         num_workers: int = 1,
+        conditional_pull: bool = True,
     ):
         self.client = client
+        self.conditional_pull = conditional_pull
         self.policy_spec = policy_spec or {"policy": "async"}
         self.num_workers = num_workers
         self.global_step = 0
@@ -79,8 +88,11 @@ class WorkerSession:
         self.job_done = False
         self.version = [0] * plan.num_ps
         self._snapshot: dict[str, np.ndarray] = {}
+        #: What a push diffs against when it is not the snapshot (after an overlapped exchange).
+        self._base: dict[str, np.ndarray] | None = None
         self._by_key = {s.key: s for s in self.specs}
-        self.stats = {"syncs": 0, "pulls": 0, "bytes_pushed": 0, "bytes_pulled": 0, "sync_seconds": 0.0}
+        self.stats = {"syncs": 0, "pulls": 0, "bytes_pushed": 0, "bytes_pulled": 0, "sync_seconds": 0.0,
+                      "unchanged_replies": 0}
         self._hb_stop = threading.Event()
         self._hb_thread = None
         if heartbeat_interval_s:
@@ -201,24 +213,35 @@ class WorkerSession:
         if not self._snapshot:
             raise PSRejectedError("push before initialize(): the worker has no snapshot to diff against.")
         start = time.perf_counter()
-        deltas = {k: np.subtract(np.asarray(current[k]), self._snapshot[k]) for k in self._snapshot}
+        base = self._base if self._base is not None else self._snapshot
+        deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
         parts = self._split(deltas)
-        meta = {"worker": self.worker_id, "clock": self.clock + 1}
-        if loss is not None:
-            meta["loss"] = float(loss)
-        requests = {ps: ({**meta, "keys": self.plan.keys_on(ps)}, parts[ps]) for ps in range(self.plan.num_ps)}
+        requests = self._push_requests(parts, self.clock + 1, loss, pull)
         replies = self.client.call_many("PushPull" if pull else "Push", requests)
         self.stats["bytes_pushed"] += sum(d.nbytes for d in deltas.values())
         self.clock += 1
         self.stats["syncs"] += 1
         if pull:
-            values = self._absorb(replies)
+            values = self._absorb(replies, pushed=parts)
         else:
             self._snapshot = {k: np.array(current[k], copy=True) for k in self._snapshot}
+            self._base = None
             self._note(replies)
             values = None
         self.stats["sync_seconds"] += time.perf_counter() - start
         return values
+
+    def _push_requests(self, parts, clock: int, loss: float | None, pull: bool) -> dict:
+        meta = {"worker": self.worker_id, "clock": clock}
+        if loss is not None:
+            meta["loss"] = float(loss)
+        requests = {}
+        for ps in range(self.plan.num_ps):
+            m = {**meta, "keys": self.plan.keys_on(ps)}
+            if pull and self.conditional_pull:
+                m["base_version"] = self.version[ps]
+            requests[ps] = (m, parts[ps])
+        return requests
 
     def _note(self, replies) -> None:
         """Hook: subclasses read clock information from replies."""
@@ -237,11 +260,26 @@ class WorkerSession:
                     self.job_done = True
                     logger.info("worker %d: the job's batches are done", self.worker_id)
 
-    def _absorb(self, replies) -> dict[str, np.ndarray]:
+    def _fresh_shards(self, replies, snapshot, pushed) -> dict[int, dict[str, np.ndarray]]:
+        """Per PS task, the values it holds: sent back, or snapshot + delta where it said "unchanged"."""
+        per_ps, snap_parts = {}, None
+        for ps, (meta, tensors) in replies.items():
+            if meta.get("unchanged"):
+                if snap_parts is None:
+                    snap_parts = self._split(snapshot)
+                mine = pushed[ps] if pushed else {}
+                tensors = {k: np.add(v, mine[k]) if k in mine else v for k, v in snap_parts[ps].items()}
+                self.stats["unchanged_replies"] += 1
+            else:
+                self.stats["bytes_pulled"] += sum(v.nbytes for v in tensors.values())
+            per_ps[ps] = tensors
+        return per_ps
+
+    def _absorb(self, replies, pushed=None) -> dict[str, np.ndarray]:
         self.version = [replies[i][0]["version"] for i in range(self.plan.num_ps)]
-        values = self._join({ps: tensors for ps, (_, tensors) in replies.items()})
-        self.stats["bytes_pulled"] += sum(v.nbytes for v in values.values())
+        values = self._join(self._fresh_shards(replies, self._snapshot, pushed))
         self._snapshot = values
+        self._base = None
         self._note(replies)
         return values
 
@@ -288,15 +326,23 @@ class UpdateSession(WorkerSession):
     (the PS then makes the read wait while this worker is more than ``s``
     clocks ahead of the slowest live worker); :meth:`end` pushes the step's
     update. ASP (``refresh_every_step``) pulls with every push instead.
+
+    ASP may also overlap the exchange with the next step
+    (:meth:`end_overlapped`): the step's update goes out in the background
+    and the next step starts on the local values; when the reply arrives the
+    local variables become ``fresh + (local_now - local_at_send)``, so every
+    local update is pushed exactly once and none is lost.
     """
 
     def __init__(self, *args, staleness: float = float("inf"), refresh_every_step: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.staleness = staleness
         self.refresh_every_step = refresh_every_step
+        self._exchange: Future | None = None
+        self._exchange_thread: ThreadPoolExecutor | None = None
         self.cache_min_clock = 0
         self.min_clock = 0
-        self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0})
+        self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0, "overlap_wait_seconds": 0.0})
         #: ``(clock started, min clock the cache is guaranteed to include)`` per step, for audits.
         self.starts: list[tuple[int, int]] = []
 
@@ -337,11 +383,132 @@ class UpdateSession(WorkerSession):
 
     def end(self, current: Mapping[str, np.ndarray], loss: float | None = None) -> dict[str, np.ndarray] | None:
         """Pushes the step's update; returns fresh values when it also pulled."""
+        self.flush()  # an overlapped exchange in flight: its fresh values come back with this pull
         values = self._push(current, loss, pull=self.refresh_every_step)
         if values is not None:
             self.cache_min_clock = self.min_clock
             self.stats["refreshes"] += 1
         return values
+
+    # ------------------------------------------------ overlapped exchange (ASP)
+    def end_overlapped(self, current: Mapping[str, np.ndarray], loss: float | None = None
+                       ) -> dict[str, np.ndarray] | None:
+        """ASP without waiting: sends this step's update in the background.
+
+        Waits only for the *previous* step's exchange, if it is still in
+        flight, then starts this step's (push the update, pull fresh values)
+        and returns at once.
+
+        The update pushed is ``current - base``: ``base`` is what the PS holds
+        after this worker's previous update if nothing else landed, i.e. the
+        local values as they were at the previous send, plus the correction
+        returned now. Every local change is therefore pushed exactly once.
+
+        Returns:
+            Corrections to *add* to the local variables now (variable key →
+            array): ``fresh - base`` for every variable on which another
+            worker's update arrived. ``None`` when there is none.
+        """
+        if not self.refresh_every_step:
+            raise PSRejectedError("end_overlapped() is for ASP (refresh_every_step); SSP/DTSSP use end().")
+        if not self._snapshot:
+            raise PSRejectedError("push before initialize(): the worker has no snapshot to diff against.")
+        start = time.perf_counter()
+        corrections = self._finish_exchange()
+        base = self._base if self._base is not None else self._snapshot
+        deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
+        self.clock += 1
+        if self._exchange_thread is None:
+            self._exchange_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-exchange")
+        self._exchange = self._exchange_thread.submit(
+            self._exchange_in_background, deltas, loss, self.clock, self._snapshot, list(self.version))
+        self.stats["syncs"] += 1
+        self.stats["bytes_pushed"] += sum(d.nbytes for d in deltas.values())
+        self.stats["sync_seconds"] += time.perf_counter() - start
+        return corrections
+
+    def flush(self) -> dict[str, np.ndarray] | None:
+        """Waits for an overlapped exchange still in flight; returns its corrections (or None)."""
+        return self._finish_exchange()
+
+    def _finish_exchange(self) -> dict[str, np.ndarray] | None:
+        if self._exchange is None:
+            return None
+        exchange, self._exchange = self._exchange, None
+        start = time.perf_counter()
+        try:
+            result = exchange.result()
+        finally:
+            self.stats["overlap_wait_seconds"] += time.perf_counter() - start
+        self._snapshot, self._base, self.version = result.snapshot, result.base, result.version
+        self._note(result.replies)
+        self.cache_min_clock = self.min_clock
+        self.stats["refreshes"] += 1
+        return result.corrections
+
+    def _exchange_in_background(self, deltas, loss, clock, snapshot, version) -> "_Exchange":
+        """One PushPull per PS task; computes the new snapshot and the corrections (no session state touched)."""
+        # What every PS task holds after this update if no other update landed:
+        # the same float additions the PS makes.
+        expected = {k: np.add(snapshot[k], d) for k, d in deltas.items()}
+        parts = self._split(deltas)
+        requests = {}
+        for ps in range(self.plan.num_ps):
+            meta = {"worker": self.worker_id, "clock": clock, "keys": self.plan.keys_on(ps)}
+            if loss is not None:
+                meta["loss"] = float(loss)
+            if self.conditional_pull:
+                meta["base_version"] = version[ps]
+            requests[ps] = (meta, parts[ps])
+        replies = self.client.call_many("PushPull", requests)
+        shards, expected_parts, changed = {}, None, set()
+        for ps, (meta, tensors) in replies.items():
+            if meta.get("unchanged"):
+                if expected_parts is None:
+                    expected_parts = self._split(expected)
+                shards[ps] = expected_parts[ps]
+                self.stats["unchanged_replies"] += 1
+            else:
+                shards[ps] = tensors
+                changed.add(ps)
+                self.stats["bytes_pulled"] += sum(v.nbytes for v in tensors.values())
+        fresh = self._join(shards) if changed else expected
+        corrections, new_snapshot = {}, {}
+        for key in deltas:
+            if changed and any(sh.ps in changed for sh in self.plan.shards_of(key)):
+                new_snapshot[key] = fresh[key]
+                corrections[key] = np.subtract(fresh[key], expected[key])
+            else:
+                new_snapshot[key] = expected[key]
+        return _Exchange(
+            snapshot=new_snapshot, base=expected, corrections=corrections or None,
+            version=[replies[i][0]["version"] for i in range(self.plan.num_ps)], replies=replies,
+        )
+
+    def pull(self, clock: int | None = None, min_state_step: int | None = None) -> dict[str, np.ndarray]:
+        self.flush()  # the update in flight first; the pulled values replace the local ones anyway
+        return super().pull(clock=clock, min_state_step=min_state_step)
+
+    def close(self, done: bool = True) -> None:
+        try:
+            self.flush()  # the last update must land before this worker says it is done
+        except Exception as e:
+            logger.warning("worker %d: the last update in flight failed: %s", self.worker_id, e)
+        finally:
+            if self._exchange_thread is not None:
+                self._exchange_thread.shutdown(wait=False)
+        super().close(done=done)
+
+
+@dataclasses.dataclass
+class _Exchange:
+    """Outcome of one overlapped exchange, applied by the training thread."""
+
+    snapshot: dict[str, np.ndarray]
+    base: dict[str, np.ndarray]
+    corrections: dict[str, np.ndarray] | None
+    version: list[int]
+    replies: dict
 
 
 class GradientSession(WorkerSession):

@@ -292,13 +292,14 @@ class ParameterStore:
             for key, delta in deltas.items():
                 self._values[key] += delta
                 self.stats["bytes_in"] += delta.nbytes
+            previous = self.version
             self.version += 1
             self.stats["pushes"] += 1
             self.progress += 1
             self.policy.on_applied(worker, clock, self._ctx(), loss)
             self._cond.notify_all()
-            return {"applied": True, "dropped": False, "version": self.version, **self._clock_info(),
-                    **self._member_info(worker)}
+            return {"applied": True, "dropped": False, "version": self.version, "previous_version": previous,
+                    **self._clock_info(), **self._member_info(worker)}
 
     def _clock_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"global_step": self.global_step}

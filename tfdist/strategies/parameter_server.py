@@ -80,6 +80,10 @@ def _numpy_dtype_name(dtype: tf.DType) -> str:
     return "bfloat16" if dtype == tf.bfloat16 else np.dtype(dtype.as_numpy_dtype).name
 
 
+def _numpy_dtype(dtype: tf.DType) -> np.dtype:
+    return np.dtype(dtype.as_numpy_dtype)
+
+
 class _Runtime:
     """Per-process state shared by the strategy and its extended object."""
 
@@ -93,6 +97,9 @@ class _Runtime:
         self.path = policy.path
         self.refresh_every_step = bool(getattr(policy, "refresh_every_step", False))
         self.staleness = getattr(policy, "staleness", None)
+        # Only pure ASP may overlap: SSP's read guarantee needs the reply before the next step.
+        self.overlap = (self.path == "update" and self.refresh_every_step and self.staleness == float("inf")
+                        and config.strategy.overlap_exchange)
         self.num_replicas = policy.replicas_to_aggregate if self.path == "gradient" else 1
         self.worker_id = config.cluster.worker_id(task.job, task.index) if task.job in ("chief", "worker") else -1
         self.is_chief = self.worker_id == 0
@@ -251,6 +258,15 @@ class _Runtime:
             return None
         return [values[s.key] for s in self.specs]
 
+    def end_overlapped_step(self, current: list[np.ndarray], loss: float | None) -> list[np.ndarray | None]:
+        """ASP, overlapped: sends this step's update; returns corrections to add (None: nothing to add)."""
+        self._require_training_task()
+        with self._blocked():
+            corrections = self.session.end_overlapped({s.key: v for s, v in zip(self.specs, current)}, loss)
+        if not corrections:
+            return [None] * len(self.specs)
+        return [corrections.get(s.key) for s in self.specs]
+
     def exchange_gradients(self, keys: list[str | None], grads: list[np.ndarray]) -> list[np.ndarray]:
         self._require_training_task()
         mapped = {k: g for k, g in zip(keys, grads) if k is not None}
@@ -295,6 +311,9 @@ class _Runtime:
             return
         self._left = True
         try:
+            flush = getattr(self.session, "flush", None)
+            if flush is not None:
+                flush()  # an overlapped update in flight lands before this worker stops counting
             self.session.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0)
         except Exception as e:  # leaving is best effort: heart-beat silence has the same effect
             logger.warning("worker %d: could not tell the PS it leaves: %s", self.worker_id, e)
@@ -395,25 +414,64 @@ class ParameterServerExtended(OneDeviceExtended):
             loss = result.get("loss") if isinstance(result, dict) else None
             has_loss = loss is not None
             inputs = current + [tf.cast(tf.reshape(loss, []), tf.float32) if has_loss else tf.constant(0.0)]
-            refresh = runtime.refresh_every_step
-
-            def end(*tensors):
-                values = runtime.end_update_step([t.numpy() for t in tensors[:-1]],
-                                                 float(tensors[-1].numpy()) if has_loss else None)
-                return (values if refresh else []) + [runtime.step_stats()]
-
-            dtypes = ([v.dtype for v in runtime.variables] if refresh else []) + [tf.float32]
-            outs = tf.py_function(end, inputs, dtypes, name="tfdist_sync")
-            if refresh:
-                for var, value in zip(runtime.variables, outs[:-1]):
-                    var.assign(tf.ensure_shape(value, var.shape))
-            stats = outs[-1]
+            if runtime.overlap:
+                stats = self._overlapped_sync(inputs, has_loss)
+            else:
+                stats = self._blocking_sync(inputs, has_loss)
         if isinstance(result, dict):
             result = dict(result)
             stats = tf.ensure_shape(stats, [len(STAT_NAMES)])
             for i, name in enumerate(STAT_NAMES):
                 result[name] = stats[i]
         return result
+
+
+    def _blocking_sync(self, inputs, has_loss: bool):
+        """Push (and for ASP pull) inside the step; the pulled values are assigned before it ends."""
+        runtime = self._runtime
+        refresh = runtime.refresh_every_step
+
+        def end(*tensors):
+            values = runtime.end_update_step([t.numpy() for t in tensors[:-1]],
+                                             float(tensors[-1].numpy()) if has_loss else None)
+            return (values if refresh else []) + [runtime.step_stats()]
+
+        dtypes = ([v.dtype for v in runtime.variables] if refresh else []) + [tf.float32]
+        outs = tf.py_function(end, inputs, dtypes, name="tfdist_sync")
+        if refresh:
+            for var, value in zip(runtime.variables, outs[:-1]):
+                var.assign(tf.ensure_shape(value, var.shape))
+        return outs[-1]
+
+    def _overlapped_sync(self, inputs, has_loss: bool):
+        """ASP: the update leaves in the background; the previous exchange's corrections are added here.
+
+        The py_function returns one flag per variable and the corrections
+        (empty arrays where there is none), so a worker that is alone on its
+        PS tasks adds nothing and no tensor is converted for nothing.
+        """
+        runtime = self._runtime
+        variables = runtime.variables
+        empty = [np.zeros((0,), _numpy_dtype(v.dtype)) for v in variables]
+
+        def end(*tensors):
+            corrections = runtime.end_overlapped_step([t.numpy() for t in tensors[:-1]],
+                                                      float(tensors[-1].numpy()) if has_loss else None)
+            flags = np.array([c is not None for c in corrections], dtype=bool)
+            return [flags] + [e if c is None else c for c, e in zip(corrections, empty)] + [runtime.step_stats()]
+
+        outs = tf.py_function(end, inputs, [tf.bool] + [v.dtype for v in variables] + [tf.float32],
+                              name="tfdist_sync_overlapped")
+        flags = outs[0]
+        added = []
+        for i, (var, correction) in enumerate(zip(variables, outs[1:-1])):
+            def add(var=var, correction=correction):
+                var.assign_add(tf.reshape(correction, var.shape))
+                return tf.constant(True)
+
+            added.append(tf.cond(flags[i], add, lambda: tf.constant(False)))
+        with tf.control_dependencies(added):
+            return tf.identity(outs[-1])
 
 
 def _resolve(
@@ -490,6 +548,9 @@ class ParameterServerStrategy(StrategyBase):
         variable_filter: ``f(name, creation_kwargs) -> bool`` choosing the
             variables kept on the PS. Defaults to
             :func:`default_variable_filter`.
+        overlap_exchange: Overrides ``strategy.overlap_exchange`` (async
+            only: exchange with the PS in the background while the next step
+            computes).
     """
 
     def __init__(
@@ -503,10 +564,13 @@ class ParameterServerStrategy(StrategyBase):
         partition_threshold_bytes: int | None = None,
         token: str | None = None,
         variable_filter: Callable[[str, Mapping[str, Any]], bool] | None = None,
+        overlap_exchange: bool | None = None,
     ):
         config, task = _resolve(cluster, task, config)
         if isinstance(consistency, str):
             config.strategy = dataclasses.replace(config.strategy, consistency=consistency)
+        if overlap_exchange is not None:
+            config.strategy = dataclasses.replace(config.strategy, overlap_exchange=overlap_exchange)
         if placement is not None:
             config.ps.placement = placement
         if partition_threshold_bytes is not None:

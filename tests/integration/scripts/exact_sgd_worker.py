@@ -1,0 +1,72 @@
+"""Worker script: SGD with a gradient of exactly 1 per weight per step, so the PS sum is known.
+
+Dense(3) on inputs of ones with loss = sum of the outputs: d loss / d w = 1
+for every kernel and bias entry, so each step subtracts exactly ``lr`` from
+every weight. After ``--steps`` steps on each of the job's workers the PS
+must hold exactly ``-lr * steps * workers`` everywhere: any update lost or
+pushed twice shows. Every worker, once all of them are done, pulls and
+writes what it got.
+
+Usage: exact_sgd_worker.py --out DIR --steps N [--overlap 0|1]
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfdist  # noqa: E402
+
+LR = 2.0 ** -4
+
+
+class Pace(keras.callbacks.Callback):
+    """A few ms per step, so that both workers' updates reach the PS while the other trains."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.005)
+
+
+def barrier(out, name, strategy, timeout=120):
+    with open(os.path.join(out, f"{name}-{strategy.worker_id}"), "w"):
+        pass
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(os.path.join(out, f"{name}-{w}")) for w in range(strategy.num_workers)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the other workers did not reach {name!r} within {timeout} s")
+        time.sleep(0.02)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--overlap", type=int, default=1)
+    args = p.parse_args()
+
+    strategy = tfdist.ParameterServerStrategy(overlap_exchange=bool(args.overlap))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, kernel_initializer="zeros")])
+        model.compile(optimizer=keras.optimizers.SGD(LR), loss=lambda y, p: tf.reduce_sum(p, axis=-1))
+    x, y = np.ones((64 * args.steps, 4), np.float32), np.zeros((64 * args.steps, 3), np.float32)
+    strategy.pull()  # joins the job (the chief initialises the PS)
+    barrier(args.out, "ready", strategy)  # so that the workers' steps interleave
+    model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[Pace()])
+    strategy.pull()  # also waits for this worker's last update in flight
+    barrier(args.out, "done", strategy)
+    strategy.pull()
+    result = {"weights": [w.tolist() for w in model.get_weights()], "sync_stats": strategy.sync_stats,
+              "expected": -LR * args.steps * strategy.num_workers}
+    with open(os.path.join(args.out, f"worker-{strategy.worker_id}.json"), "w") as f:  # noqa: SIM115
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
