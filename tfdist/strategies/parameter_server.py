@@ -261,6 +261,8 @@ class _Runtime:
     def end_overlapped_step(self, current: list[np.ndarray], loss: float | None) -> list[np.ndarray | None]:
         """ASP, overlapped: sends this step's update; returns corrections to add (None: nothing to add)."""
         self._require_training_task()
+        if self.in_warmup:  # not part of the job yet: keep the local update, send nothing
+            return [None] * len(self.specs)
         with self._blocked():
             corrections = self.session.end_overlapped({s.key: v for s, v in zip(self.specs, current)}, loss)
         if not corrections:
