@@ -90,10 +90,12 @@ def step_timer_class(keras):
             super().__init__()
             self.times: list[float] = []  # perf_counter at every batch end
             self.wall: list[float] = []  # time.time() at every batch end (to line workers up)
+            self.cpu: list[float] = []  # process CPU seconds (all threads) at every batch end
 
         def on_train_batch_end(self, batch, logs=None):
             self.times.append(time.perf_counter())
             self.wall.append(time.time())
+            self.cpu.append(time.process_time())
 
     return StepTimer
 

@@ -136,7 +136,10 @@ def _bytes_one_size(size: int, rounds: int, min_seconds: float, client, echo) ->
     key = "0000/payload"
     spec = VariableSpec(key, "float32", (n,))
     plan = make_placement("round_robin").place([spec], 1)
-    session = WorkerSession(client, [spec], plan, worker_id=0, is_chief=True, heartbeat_interval_s=None)
+    # conditional_pull=False: every call really pulls the values back (a lone worker would
+    # otherwise get "unchanged" replies and move half the bytes counted below).
+    session = WorkerSession(client, [spec], plan, worker_id=0, is_chief=True, heartbeat_interval_s=None,
+                            conditional_pull=False)
     current = {key: np.random.default_rng(0).standard_normal(n, dtype=np.float32)}
     session.initialize(current)
     delta = {key: np.zeros(n, dtype=np.float32)}
@@ -217,6 +220,7 @@ def _aggregate(per_worker: list[dict]) -> dict:
     """Sum over workers, plus the throughput inside the window all workers were timing."""
     out = {
         "examples_per_s": sum(w["examples_per_s"] for w in per_worker),
+        "cpu_ms_per_step": [round(w["cpu_ms_per_step"], 2) for w in per_worker if "cpu_ms_per_step" in w],
         "per_worker_examples_per_s": [round(w["examples_per_s"], 1) for w in per_worker],
         "per_worker_steps_per_s": [round(w["steps_per_s"], 2) for w in per_worker],
     }
@@ -450,14 +454,21 @@ def analysis(result: dict) -> list[str]:
             near = min(rows, key=lambda r: abs(math.log(r["payload_bytes"] / model_bytes)))
             raw_ms = 1e3 * 2 * model_bytes / near["raw_grpc"]["bytes_per_s"]
             step_ms = 1e3 * _common.BATCH / plain["examples_per_s"]
-            sync_ms = single["sync_ms_per_step"][0]
+            blocked_ms = single["sync_ms_per_step"][0]
+            single_ms = 1e3 * _common.BATCH / single["examples_per_s"]
+            cpu = ""
+            if plain.get("cpu_ms_per_step") and single.get("cpu_ms_per_step"):
+                cpu = (f" CPU per step (all threads of the process): plain {plain['cpu_ms_per_step'][0]:.1f} ms, "
+                       f"tfdist worker {single['cpu_ms_per_step'][0]:.1f} ms, the PS process not counted; with "
+                       f"{result['machine'].get('cpus')} cores the exchange's CPU competes with the computation.")
             notes.append(
-                f"{model}: a plain step took {step_ms:.1f} ms; one tfdist sync moves {2 * model_bytes / 1e6:.1f} MB "
-                f"(push {model_bytes / 1e6:.1f} MB + pull {model_bytes / 1e6:.1f} MB) and took {sync_ms:.1f} ms per step "
-                f"in the reported 1 worker + 1 PS run. At the raw gRPC rate measured "
-                f"for {near['payload_bytes'] // 1024} KiB payloads the same bytes would take {raw_ms:.1f} ms, so with a "
-                f"blocking sync after every step even a free PS could reach at most "
-                f"{step_ms / (step_ms + raw_ms):.2f}x plain on this machine.")
+                f"{model}: a plain step took {step_ms:.1f} ms, a tfdist 1 worker + 1 PS step {single_ms:.1f} ms, "
+                f"of which it was blocked on the PS for {blocked_ms:.1f} ms. Each exchange pushes "
+                f"{model_bytes / 1e6:.1f} MB and, when another worker's update landed, pulls as much back; at the "
+                f"raw gRPC rate measured for {near['payload_bytes'] // 1024} KiB payloads push + pull alone would "
+                f"take {raw_ms:.1f} ms, which a blocking exchange adds to every step (at most "
+                f"{step_ms / (step_ms + raw_ms):.2f}x plain) and the overlapped one hides behind the next step "
+                f"as far as free cores allow.{cpu}")
         ratios = m["ratios"]
         best = ratios.get("best_baseline")
         if best and plain.get("ok"):
@@ -509,8 +520,12 @@ def render_docs(result: dict) -> str:
             "Batch 64 per worker, Adam, synthetic data, every process on this machine. Keras 3 runs are timed "
             "inside each worker at batch ends after a warm-up and summed over workers; TF PSS is timed in its "
             "coordinator between epoch ends over the same total number of steps. steps/s counts steps of 64 "
-            "examples (all workers together). tfdist syncs with the PS after every step (push the delta, pull "
-            "fresh values).",
+            "examples (all workers together). tfdist (async) exchanges with the PS after every step: it pushes "
+            "the step's update and pulls fresh values in the background while the next step computes "
+            "(`strategy.overlap_exchange`, the default), and a worker alone on its PS tasks gets 'unchanged' "
+            "replies instead of its own update back. 'Blocked' is the time a step waited for the PS (the "
+            "previous exchange still in flight, plus computing the update); CPU is the process's CPU time per "
+            "step, all threads.",
             "",
         ]
         for model, mres in training.items():
@@ -545,10 +560,14 @@ def render_docs(result: dict) -> str:
             extra = []
             for name in ("tfdist_1w1ps", "tfdist_2w2ps"):
                 if rows.get(name, {}).get("ok"):
-                    extra.append(f"{name}: sync {', '.join(str(x) for x in rows[name]['sync_ms_per_step'])} ms/step "
+                    extra.append(f"{name}: {', '.join(str(x) for x in rows[name]['sync_ms_per_step'])} ms/step "
                                  f"per worker")
             if extra:
-                lines += ["", "tfdist time in the PS sync: " + "; ".join(extra) + "."]
+                lines += ["", "tfdist steps blocked on the PS: " + "; ".join(extra) + "."]
+            cpu = [f"{name} {', '.join(f'{x:.1f}' for x in row['cpu_ms_per_step'])}"
+                   for name, row in rows.items() if row.get("ok") and row.get("cpu_ms_per_step")]
+            if cpu:
+                lines += ["", "CPU ms per step per worker process: " + "; ".join(cpu) + "."]
             lines.append("")
     byts = result.get("bytes")
     if byts:
@@ -675,7 +694,8 @@ def main(argv=None) -> int:
         "load": wait_quiet(args.wait_quiet, args.quiet_load),
         "batch_per_worker": _common.BATCH,
         "tfdist_config": {"consistency": "async", "placement": args.placement,
-                          "partition_threshold_bytes": threshold, "sync_every_step": True},
+                          "partition_threshold_bytes": threshold, "sync_every_step": True,
+                          "overlap_exchange": True, "conditional_pull": True},
     }
     children = _common.Children()
     log_dir = tempfile.mkdtemp(prefix="ps-throughput-")

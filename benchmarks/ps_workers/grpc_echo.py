@@ -2,7 +2,8 @@
 
 It uses the same server options as ``tfdist.ps.PSServer`` (message limits,
 thread pool, the malloc settings of ``tfdist.ps.memory``) and identity
-(de)serialisers, so a call costs only what grpcio itself costs. Prints ``PORT <n>`` on stdout once it serves; stops on SIGTERM.
+(de)serialisers, so a call costs only what grpcio itself costs. Prints
+``PORT <n>`` on stdout once it serves; stops on SIGTERM.
 
 Usage: grpc_echo.py [--port 0]
 """

@@ -113,6 +113,9 @@ def main() -> int:
     result.update(_common.timed_window(timer.times, args.warmup, args.steps, _common.BATCH))
     # Wall-clock stamps of the timed window, to check how the workers' windows overlap.
     result["wall_window"] = [timer.wall[args.warmup - 1], timer.wall[args.warmup + args.steps - 1]]
+    # CPU time of this process (all threads) per timed step: on a machine with few cores the
+    # exchange competes with the computation for them.
+    result["cpu_ms_per_step"] = 1e3 * (timer.cpu[args.warmup + args.steps - 1] - timer.cpu[args.warmup - 1]) / args.steps
     result["params"] = int(model.count_params())
     if args.mode == "tfdist":
         stats = strategy.sync_stats
