@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -41,6 +42,17 @@ def make_model(kind, num_classes=10):
     raise ValueError(kind)
 
 
+def wait_for_all(out, name, strategy, timeout=120):
+    """A file barrier across the job's workers (bounded)."""
+    with open(os.path.join(out, f"{name}-{strategy.worker_id}"), "w"):
+        pass
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(os.path.join(out, f"{name}-{w}")) for w in range(strategy.num_workers)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the other workers did not reach {name!r} within {timeout} s")
+        time.sleep(0.05)
+
+
 class CrashAfter(keras.callbacks.Callback):
     def __init__(self, epochs):
         super().__init__()
@@ -64,6 +76,8 @@ def main():
     p.add_argument("--crash-after-epochs", type=int)
     p.add_argument("--crash-worker", type=int, default=-1)
     p.add_argument("--tag", default="")
+    p.add_argument("--barrier", action="store_true",
+                   help="after fit, wait (bounded) until every worker's updates have landed, then pull and evaluate")
     args = p.parse_args()
 
     strategy = tfdist.ParameterServerStrategy()
@@ -90,7 +104,10 @@ def main():
         hist = model.fit(x_train[sl], data.y_train[sl], batch_size=32, epochs=args.epochs, verbose=2,
                          callbacks=callbacks)
         result["loss_history"] = hist.history["loss"]
-    strategy.pull()
+    strategy.pull()  # also waits for this worker's last update in flight
+    if args.barrier:
+        wait_for_all(args.out, "trained", strategy)
+        strategy.pull()
     result["final_eval"] = model.evaluate(x_test, data.y_test, verbose=0)
     probs = model.predict(x_test[:5], verbose=0)
     result["predict_shape"] = list(probs.shape)
