@@ -385,6 +385,14 @@ class LaunchConfig:
         slowdown: Tasks to slow down on purpose (experiments), e.g.
             ``{"worker:2": {"factor": 3, "schedule": "first_half",
             "steps_per_epoch": 40}}``; see ``tfdist.testing.Slowdown``.
+        threads_per_task: TensorFlow intra-op threads of each training task
+            (chief, worker, evaluator) of a *local* launch, where all tasks
+            share one machine's cores. ``"auto"`` (the default) divides the
+            cores among those tasks when there are several (at least 1 each);
+            a number sets it; ``null`` leaves TensorFlow's default (every task
+            uses every core). A ``TF_NUM_INTRAOP_THREADS`` already in the
+            environment or in ``launch.env`` wins. ``--task`` launches (one
+            task per machine) are never changed.
     """
 
     log_all_tasks: bool = False
@@ -393,8 +401,13 @@ class LaunchConfig:
     env: dict[str, str] = field(default_factory=dict)
     input_args: list[str] = field(default_factory=list)
     slowdown: dict[str, dict] = field(default_factory=dict)
+    threads_per_task: int | str | None = "auto"
 
     def __post_init__(self):
+        t = self.threads_per_task
+        if not (t is None or t == "auto" or (isinstance(t, int) and not isinstance(t, bool) and t > 0)):
+            raise _fail("launch.threads_per_task", t,
+                        'Give "auto" (divide the cores among local training tasks), a positive number, or null.')
         if self.job_timeout_s is not None and (not isinstance(self.job_timeout_s, (int, float)) or self.job_timeout_s <= 0):
             raise _fail("launch.job_timeout_s", self.job_timeout_s, "Give a positive number of seconds or null.")
         if not isinstance(self.env, dict) or not all(isinstance(k, str) for k in self.env):

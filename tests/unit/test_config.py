@@ -68,6 +68,8 @@ def test_cluster_spec_round_trip():
         ({"cluster": {"ps": 1, "worker": 1}, "ps": {"placment": "greedy"}}, "ps.placment"),
         ({"cluster": {"ps": 1, "worker": 1}, "security": {"tls_cert": "a.pem"}}, "security.tls_cert"),
         ({"clutser": {}}, "clutser"),
+        ({"cluster": {"ps": 1, "worker": 1}, "launch": {"threads_per_task": 0}}, "launch.threads_per_task"),
+        ({"cluster": {"ps": 1, "worker": 1}, "launch": {"threads_per_task": "all"}}, "launch.threads_per_task"),
     ],
 )
 def test_bad_fields_are_named(data, field):
@@ -165,3 +167,38 @@ def test_a_cluster_without_ps_is_valid_but_the_ps_strategy_refuses_it():
     assert cluster.jobs() == {"worker": ["127.0.0.1:1"]}
     with pytest.raises(ConfigError, match="cluster.ps.*needs at least one parameter-server task"):
         tfdist.ParameterServerStrategy(cluster=cluster, task="worker:0", token="a-token-123")
+
+
+def test_local_threads_per_task_divides_the_cores_among_training_tasks():
+    from tfdist.cluster.local import local_threads_per_task
+
+    two = JobConfig.from_dict({"cluster": {"ps": 2, "worker": 2}})
+    assert local_threads_per_task(two, cpus=2) == 1
+    assert local_threads_per_task(two, cpus=16) == 8
+    with_chief = JobConfig.from_dict({"cluster": {"ps": 1, "chief": 1, "worker": 2, "evaluator": 1}})
+    assert local_threads_per_task(with_chief, cpus=16) == 4  # PS tasks do not run TensorFlow
+    assert local_threads_per_task(with_chief, cpus=2) == 1  # never below one thread
+    alone = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 1}})
+    assert local_threads_per_task(alone, cpus=2) is None  # one training task keeps TF's default
+    fixed = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 1}, "launch": {"threads_per_task": 3}})
+    assert local_threads_per_task(fixed, cpus=2) == 3
+    off = JobConfig.from_dict({"cluster": {"ps": 2, "worker": 2}, "launch": {"threads_per_task": None}})
+    assert local_threads_per_task(off, cpus=2) is None
+
+
+def test_local_launch_sets_intra_op_threads_only_on_training_tasks(monkeypatch, tmp_path):
+    from tfdist.cluster.local import LocalJob
+
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    config = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 2}, "launch": {"threads_per_task": 2}})
+    job = LocalJob(config, script="train.py", log_dir=str(tmp_path), forward=False)
+    assert job._make(TaskSpec("worker", 1)).env["TF_NUM_INTRAOP_THREADS"] == "2"
+    assert "TF_NUM_INTRAOP_THREADS" not in job._make(TaskSpec("ps", 0)).env
+    # The user's own setting wins, from the environment or from launch.env.
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "5")
+    assert job._make(TaskSpec("worker", 0)).env["TF_NUM_INTRAOP_THREADS"] == "5"
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS")
+    config = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 2},
+                                  "launch": {"env": {"TF_NUM_INTRAOP_THREADS": "7"}}})
+    job = LocalJob(config, script="train.py", log_dir=str(tmp_path), forward=False)
+    assert job._make(TaskSpec("worker", 0)).env["TF_NUM_INTRAOP_THREADS"] == "7"

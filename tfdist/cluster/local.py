@@ -71,6 +71,38 @@ def task_environment(config: JobConfig, task: TaskSpec, token: str, base: dict[s
     return env
 
 
+#: Jobs whose tasks run TensorFlow (PS and input tasks do not).
+_TF_JOBS = ("chief", "worker", "evaluator")
+
+
+def local_cpu_count() -> int:
+    """Cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def local_threads_per_task(config: JobConfig, cpus: int | None = None) -> int | None:
+    """TensorFlow intra-op threads for each training task of a local launch (``launch.threads_per_task``).
+
+    ``None`` means: leave TensorFlow's default. With ``"auto"``, a job of
+    several training tasks (chief, workers, evaluator) on one machine gets
+    ``max(1, cores // tasks)`` threads per task, so the tasks do not
+    oversubscribe the cores (every TensorFlow process otherwise starts one
+    intra-op thread per core and they all contend).
+    """
+    setting = config.launch.threads_per_task
+    if setting is None:
+        return None
+    if setting != "auto":
+        return int(setting)
+    tasks = sum(len(getattr(config.cluster, job)) for job in _TF_JOBS)
+    if tasks <= 1:
+        return None
+    return max(1, (cpus or local_cpu_count()) // tasks)
+
+
 def task_argv(task: TaskSpec, script: str | None, script_args: Sequence[str],
               config: JobConfig | None = None) -> list[str]:
     """What a task runs: PS and input tasks need no user code; the rest run the script."""
@@ -124,6 +156,12 @@ class LocalJob:
         self.forward = forward
         self.extra_env = env or {}
         self.tasks: dict[str, TaskProcess] = {}
+        #: TF intra-op threads per training task (``launch.threads_per_task``); None: TF's default.
+        self.threads_per_task = local_threads_per_task(self.config)
+        if self.threads_per_task is not None and "TF_NUM_INTRAOP_THREADS" not in {**os.environ, **self.config.launch.env}:
+            logger.info("local launch: %d training task(s) share %d core(s); TensorFlow intra-op threads per task: %d "
+                        "(launch.threads_per_task)", sum(len(getattr(self.config.cluster, j)) for j in _TF_JOBS),
+                        local_cpu_count(), self.threads_per_task)
 
     # ---------------------------------------------------------------- tasks
     def all_tasks(self) -> list[TaskSpec]:
@@ -137,6 +175,8 @@ class LocalJob:
 
     def _make(self, task: TaskSpec) -> TaskProcess:
         env = task_environment(self.config, task, self.token)
+        if task.job in _TF_JOBS and self.threads_per_task is not None:
+            env.setdefault("TF_NUM_INTRAOP_THREADS", str(self.threads_per_task))
         env.update(self.extra_env.get(str(task), {}))
         show_stdout = self.forward and (self.config.launch.log_all_tasks or task == self.main_task)
         return TaskProcess(
