@@ -367,7 +367,7 @@ class ParameterServerExtended(OneDeviceExtended):
         keys: list[str | None] = [None] * len(dense)  # filled while _update traces
 
         def exchange(*grads):
-            return runtime.exchange_gradients(keys, [g.numpy() for g in grads])
+            return runtime.exchange_gradients(keys, [np.asarray(g) for g in grads])
 
         out = tf.py_function(exchange, dense, [d.dtype for d in dense], name="tfdist_exchange_gradients")
         out = [tf.ensure_shape(o, d.shape) for o, d in zip(out, dense)]
@@ -408,7 +408,7 @@ class ParameterServerExtended(OneDeviceExtended):
         current = [v.read_value() for v in runtime.variables]
         if runtime.path == "gradient":
             def end(*tensors):
-                runtime.end_gradient_step([t.numpy() for t in tensors])
+                runtime.end_gradient_step([np.asarray(t) for t in tensors])
                 return runtime.step_stats()
 
             stats = tf.py_function(end, current, tf.float32, name="tfdist_end_step")
@@ -434,7 +434,7 @@ class ParameterServerExtended(OneDeviceExtended):
         refresh = runtime.refresh_every_step
 
         def end(*tensors):
-            values = runtime.end_update_step([t.numpy() for t in tensors[:-1]],
+            values = runtime.end_update_step([np.asarray(t) for t in tensors[:-1]],
                                              float(tensors[-1].numpy()) if has_loss else None)
             return (values if refresh else []) + [runtime.step_stats()]
 
@@ -457,7 +457,7 @@ class ParameterServerExtended(OneDeviceExtended):
         empty = [np.zeros((0,), _numpy_dtype(v.dtype)) for v in variables]
 
         def end(*tensors):
-            corrections = runtime.end_overlapped_step([t.numpy() for t in tensors[:-1]],
+            corrections = runtime.end_overlapped_step([np.asarray(t) for t in tensors[:-1]],
                                                       float(tensors[-1].numpy()) if has_loss else None)
             flags = np.array([c is not None for c in corrections], dtype=bool)
             return [flags] + [e if c is None else c for c, e in zip(corrections, empty)] + [runtime.step_stats()]
