@@ -65,13 +65,14 @@ DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 SECTION_BEGIN = "<!-- section: parameter-server -->"
 SECTION_END = "<!-- /section: parameter-server -->"
 
-CONFIGS = ("plain", "tfdist_1w1ps", "tfdist_2w2ps", "mwms", "tf_pss")
+CONFIGS = ("plain", "tfdist_1w1ps", "tfdist_2w2ps", "mwms", "tf_pss", "mwms_split")
 CONFIG_LABELS = {
     "plain": "plain Keras 3 fit, 1 process",
     "tfdist_1w1ps": "tfdist PS, 1 worker + 1 PS",
     "tfdist_2w2ps": "tfdist PS (async), 2 workers + 2 PS",
     "mwms": "TF MultiWorkerMirroredStrategy, 2 workers (Keras 3, patched)",
     "tf_pss": "TF ParameterServerStrategy, 2 workers + 1 PS + coordinator (tf-keras)",
+    "mwms_split": "reference: TF MWMS, 2 workers, with the intra-op thread split tfdist's local launch applies",
 }
 #: (warm-up steps, timed steps per worker) per model.
 STEPS_FULL = {"mlp": (50, 600), "cnn": (20, 100)}
@@ -266,7 +267,15 @@ def run_tfdist(model, n, warmup, steps, log_dir, timeout, placement, partition_t
     return agg
 
 
-def run_mwms(model, warmup, steps, children, log_dir, timeout):
+def split_threads(workers: int = 2) -> int:
+    """Intra-op threads per training task that tfdist's local launch gives ``workers`` tasks here."""
+    from tfdist.cluster.local import local_cpu_count
+
+    return max(1, local_cpu_count() // workers)
+
+
+def run_mwms(model, warmup, steps, children, log_dir, timeout, threads: int | None = None):
+    """TF MWMS with 2 workers; ``threads`` sets TF_NUM_INTRAOP_THREADS (None: TF's default, what users get)."""
     from tfdist.cluster.local import free_port
 
     ports = [free_port(), free_port()]
@@ -277,7 +286,9 @@ def run_mwms(model, warmup, steps, children, log_dir, timeout):
     procs = []
     for i in range(2):
         tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-        procs.append(children.start(_worker_argv("mwms", model, out, warmup, steps), env=_env(TF_CONFIG=tf_config),
+        extra = {"TF_NUM_INTRAOP_THREADS": str(threads)} if threads else {}
+        procs.append(children.start(_worker_argv("mwms", model, out, warmup, steps),
+                                    env=_env(TF_CONFIG=tf_config, **extra),
                                     log_path=os.path.join(out, f"worker-{i}.log")))
     children.wait_all(procs, timeout)
     per = []
@@ -346,6 +357,9 @@ def _run_config(config, model, warmup, steps, children, log_dir, placement, thre
             row = run_mwms(model, warmup, steps, children, log_dir, timeout)
         elif config == "tf_pss":
             row = run_tf_pss(model, warmup, steps, children, log_dir, timeout)
+        elif config == "mwms_split":
+            row = run_mwms(model, warmup, steps, children, log_dir, timeout, threads=split_threads(2))
+            row["intra_op_threads"] = split_threads(2)
         else:
             raise ValueError(f"unknown config {config!r}; use one of {CONFIGS}")
         row["steps_per_s"] = row["examples_per_s"] / _common.BATCH
@@ -418,6 +432,9 @@ def _ratios(rows: dict) -> dict:
         for k, v in baselines.items():
             ratios[f"tfdist_2w2ps_vs_{k}"] = eps("tfdist_2w2ps") / v
             ratios[f"tfdist_2w2ps_vs_{k}_per_pass"] = per_pass("tfdist_2w2ps", k)
+    if eps("tfdist_2w2ps") and eps("mwms_split"):  # a reference, not a baseline users would run
+        ratios["tfdist_2w2ps_vs_mwms_split"] = eps("tfdist_2w2ps") / eps("mwms_split")
+        ratios["tfdist_2w2ps_vs_mwms_split_per_pass"] = per_pass("tfdist_2w2ps", "mwms_split")
     if eps("tfdist_2w2ps") and eps("tfdist_1w1ps"):
         ratios["tfdist_2w2ps_vs_1w1ps"] = eps("tfdist_2w2ps") / eps("tfdist_1w1ps")
     return ratios
@@ -523,7 +540,11 @@ def render_docs(result: dict) -> str:
             "examples (all workers together). tfdist (async) exchanges with the PS after every step: it pushes "
             "the step's update and pulls fresh values in the background while the next step computes "
             "(`strategy.overlap_exchange`, the default), and a worker alone on its PS tasks gets 'unchanged' "
-            "replies instead of its own update back. 'Blocked' is the time a step waited for the PS (the "
+            "replies instead of its own update back. tfdist's local launch gives each of its 2 workers "
+            "cores / 2 TensorFlow intra-op threads (`launch.threads_per_task: auto`); the MWMS and TF PSS "
+            "baselines run as a user would start them, with TensorFlow's default threads, and the last row "
+            "(a reference, not a target baseline) runs MWMS with the same split as tfdist. "
+            "'Blocked' is the time a step waited for the PS (the "
             "previous exchange still in flight, plus computing the update); CPU is the process's CPU time per "
             "step, all threads.",
             "",
@@ -552,6 +573,9 @@ def render_docs(result: dict) -> str:
                     best = r["best_baseline"]
                     ratio = (f"{r['tfdist_2w2ps_vs_best_baseline']:.2f}x best baseline ({best})"
                              + _passes(r.get(f"tfdist_2w2ps_vs_{best}_per_pass")))
+                elif name == "mwms_split" and "tfdist_2w2ps_vs_mwms_split" in r:
+                    ratio = (f"tfdist 2w2ps is {r['tfdist_2w2ps_vs_mwms_split']:.2f}x this"
+                             + _passes(r.get("tfdist_2w2ps_vs_mwms_split_per_pass")))
                 elif plain and name != "plain":
                     ratio = f"{row['examples_per_s'] / plain:.2f}x plain"
                 per = ", ".join(_fmt(x) for x in row.get("per_worker_examples_per_s", []))
@@ -695,7 +719,8 @@ def main(argv=None) -> int:
         "batch_per_worker": _common.BATCH,
         "tfdist_config": {"consistency": "async", "placement": args.placement,
                           "partition_threshold_bytes": threshold, "sync_every_step": True,
-                          "overlap_exchange": True, "conditional_pull": True},
+                          "overlap_exchange": True, "conditional_pull": True,
+                          "threads_per_task": "auto", "intra_op_threads_2w2ps": split_threads(2)},
     }
     children = _common.Children()
     log_dir = tempfile.mkdtemp(prefix="ps-throughput-")
