@@ -190,6 +190,15 @@ class StrategyConfig:
             the local values; the fresh values are folded in when they arrive
             (no local update is lost; a step may compute on values one
             exchange older). Defaults to ``True``.
+        exchange_every: Async (ASP) only: exchange with the PS after every
+            ``k``-th step instead of every step (local SGD with a
+            communication period of ``k``). The ``k`` local updates travel as
+            one summed delta, so none is lost, and the PS counts them as ``k``
+            batches; steps compute on values up to ``k`` exchanges stale.
+            Worth it where the exchange costs about as much as a step (large
+            models, few cores, slow links). Pending updates are sent before
+            every evaluation/prediction pull and when the worker stops.
+            Defaults to ``1``.
     """
 
     consistency: str = "async"
@@ -200,6 +209,7 @@ class StrategyConfig:
     window: int = 10
     delta: float = 0.01
     overlap_exchange: bool = True
+    exchange_every: int = 1
 
     def __post_init__(self):
         if not isinstance(self.overlap_exchange, bool):
@@ -207,6 +217,13 @@ class StrategyConfig:
         allowed = ("async", "bsp", "sync_replicas", "ssp", "dtssp")
         if self.consistency not in allowed:
             raise _fail("strategy.consistency", self.consistency, f"Use one of {list(allowed)}.")
+        k = self.exchange_every
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise _fail("strategy.exchange_every", k, "Give an integer >= 1 (steps per exchange with the PS).")
+        if k > 1 and self.consistency != "async":
+            raise _fail("strategy.exchange_every", k,
+                        f"Only consistency: async can exchange less often than every step; {self.consistency!r} "
+                        "counts or aggregates every step. Use 1, or consistency: async.")
         for name in ("staleness", "min_staleness", "max_staleness"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:

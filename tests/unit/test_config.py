@@ -69,6 +69,10 @@ def test_cluster_spec_round_trip():
         ({"cluster": {"ps": 1, "worker": 1}, "security": {"tls_cert": "a.pem"}}, "security.tls_cert"),
         ({"clutser": {}}, "clutser"),
         ({"cluster": {"ps": 1, "worker": 1}, "launch": {"threads_per_task": 0}}, "launch.threads_per_task"),
+        ({"cluster": {"ps": 1, "worker": 1}, "strategy": {"exchange_every": 0}}, "strategy.exchange_every"),
+        ({"cluster": {"ps": 1, "worker": 1}, "strategy": {"exchange_every": 2.5}}, "strategy.exchange_every"),
+        ({"cluster": {"ps": 1, "worker": 2}, "strategy": {"consistency": "bsp", "exchange_every": 4}},
+         "strategy.exchange_every"),
         ({"cluster": {"ps": 1, "worker": 1}, "launch": {"threads_per_task": "all"}}, "launch.threads_per_task"),
     ],
 )

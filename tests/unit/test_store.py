@@ -61,6 +61,26 @@ def test_bad_pushes_change_nothing(deltas, code, match):
     assert store.stats["rejected"] == 1
 
 
+def test_a_push_of_summed_steps_counts_every_step():
+    store = make_store()
+    store.push(1, 1, {"b": np.ones(3, np.float32)}, steps=3)  # exchange_every=3: three local steps, one delta
+    store.push(1, 2, {"b": np.ones(3, np.float32)})
+    assert store.progress == 4 and store.worker_batches == {1: 4}
+    assert store.stats["pushes"] == 2
+    np.testing.assert_array_equal(snapshot(store)[1]["b"], np.full(3, 2.0))
+
+
+@pytest.mark.parametrize("steps", [0, -2, 1.5, "3", True])
+def test_a_push_with_a_bad_step_count_changes_nothing(steps):
+    store = make_store()
+    before = snapshot(store)
+    with pytest.raises(StoreError, match="at least one step") as e:
+        store.push(1, 1, {"b": np.ones(3, np.float32)}, steps=steps)
+    assert e.value.grpc_code == "INVALID_ARGUMENT"
+    assert snapshot(store)[0] == before[0] and store.progress == 0 and not store.worker_batches
+    np.testing.assert_array_equal(snapshot(store)[1]["b"], before[1]["b"])
+
+
 def test_init_only_once_and_specs_must_match():
     store = make_store()
     assert store.init(1, SPECS, {"a": np.zeros((2, 2), np.float32), "b": np.ones(3, np.float32)}) is False

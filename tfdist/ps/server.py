@@ -234,7 +234,8 @@ class PSServer:
     def _push(self, meta, tensors, context) -> dict:
         loss = meta.get("loss")
         return self.store.push(int(meta["worker"]), int(meta.get("clock", 0)), tensors,
-                               timeout=self._timeout(context), loss=None if loss is None else float(loss))
+                               timeout=self._timeout(context), loss=None if loss is None else float(loss),
+                               steps=meta.get("steps", 1))
 
     def _rpc_Pull(self, meta, tensors, context):
         return self._pull(meta, context)

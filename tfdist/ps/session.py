@@ -205,18 +205,20 @@ class WorkerSession:
         self.stats["sync_seconds"] += time.perf_counter() - start
         return values
 
-    def sync(self, current: Mapping[str, np.ndarray], loss: float | None = None) -> dict[str, np.ndarray]:
-        """Pushes ``current - snapshot`` and returns fresh values (one round trip)."""
-        return self._push(current, loss, pull=True)
+    def sync(self, current: Mapping[str, np.ndarray], loss: float | None = None, steps: int = 1
+             ) -> dict[str, np.ndarray]:
+        """Pushes ``current - snapshot`` (the sum of ``steps`` local steps) and returns fresh values."""
+        return self._push(current, loss, pull=True, steps=steps)
 
-    def _push(self, current: Mapping[str, np.ndarray], loss: float | None, pull: bool) -> dict[str, np.ndarray] | None:
+    def _push(self, current: Mapping[str, np.ndarray], loss: float | None, pull: bool, steps: int = 1
+              ) -> dict[str, np.ndarray] | None:
         if not self._snapshot:
             raise PSRejectedError("push before initialize(): the worker has no snapshot to diff against.")
         start = time.perf_counter()
         base = self._base if self._base is not None else self._snapshot
         deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
         parts = self._split(deltas)
-        requests = self._push_requests(parts, self.clock + 1, loss, pull)
+        requests = self._push_requests(parts, self.clock + 1, loss, pull, steps)
         replies = self.client.call_many("PushPull" if pull else "Push", requests)
         self.stats["bytes_pushed"] += sum(d.nbytes for d in deltas.values())
         self.clock += 1
@@ -231,10 +233,12 @@ class WorkerSession:
         self.stats["sync_seconds"] += time.perf_counter() - start
         return values
 
-    def _push_requests(self, parts, clock: int, loss: float | None, pull: bool) -> dict:
+    def _push_requests(self, parts, clock: int, loss: float | None, pull: bool, steps: int = 1) -> dict:
         meta = {"worker": self.worker_id, "clock": clock}
         if loss is not None:
             meta["loss"] = float(loss)
+        if steps != 1:
+            meta["steps"] = int(steps)
         requests = {}
         for ps in range(self.plan.num_ps):
             m = {**meta, "keys": self.plan.keys_on(ps)}
@@ -381,17 +385,18 @@ class UpdateSession(WorkerSession):
         self.stats["wait_seconds"] += waited
         return values
 
-    def end(self, current: Mapping[str, np.ndarray], loss: float | None = None) -> dict[str, np.ndarray] | None:
-        """Pushes the step's update; returns fresh values when it also pulled."""
+    def end(self, current: Mapping[str, np.ndarray], loss: float | None = None, steps: int = 1
+            ) -> dict[str, np.ndarray] | None:
+        """Pushes the step's update (``steps`` local steps summed); returns fresh values when it also pulled."""
         self.flush()  # an overlapped exchange in flight: its fresh values come back with this pull
-        values = self._push(current, loss, pull=self.refresh_every_step)
+        values = self._push(current, loss, pull=self.refresh_every_step, steps=steps)
         if values is not None:
             self.cache_min_clock = self.min_clock
             self.stats["refreshes"] += 1
         return values
 
     # ------------------------------------------------ overlapped exchange (ASP)
-    def end_overlapped(self, current: Mapping[str, np.ndarray], loss: float | None = None
+    def end_overlapped(self, current: Mapping[str, np.ndarray], loss: float | None = None, steps: int = 1
                        ) -> dict[str, np.ndarray] | None:
         """ASP without waiting: sends this step's update in the background.
 
@@ -421,7 +426,7 @@ class UpdateSession(WorkerSession):
         if self._exchange_thread is None:
             self._exchange_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-exchange")
         self._exchange = self._exchange_thread.submit(
-            self._exchange_in_background, deltas, loss, self.clock, self._snapshot, list(self.version))
+            self._exchange_in_background, deltas, loss, self.clock, self._snapshot, list(self.version), steps)
         self.stats["syncs"] += 1
         self.stats["bytes_pushed"] += sum(d.nbytes for d in deltas.values())
         self.stats["sync_seconds"] += time.perf_counter() - start
@@ -446,7 +451,7 @@ class UpdateSession(WorkerSession):
         self.stats["refreshes"] += 1
         return result.corrections
 
-    def _exchange_in_background(self, deltas, loss, clock, snapshot, version) -> "_Exchange":
+    def _exchange_in_background(self, deltas, loss, clock, snapshot, version, steps: int = 1) -> "_Exchange":
         """One PushPull per PS task; computes the new snapshot and the corrections (no session state touched)."""
         # What every PS task holds after this update if no other update landed:
         # the same float additions the PS makes.
@@ -457,6 +462,8 @@ class UpdateSession(WorkerSession):
             meta = {"worker": self.worker_id, "clock": clock, "keys": self.plan.keys_on(ps)}
             if loss is not None:
                 meta["loss"] = float(loss)
+            if steps != 1:
+                meta["steps"] = int(steps)
             if self.conditional_pull:
                 meta["base_version"] = version[ps]
             requests[ps] = (meta, parts[ps])

@@ -273,18 +273,22 @@ class ParameterStore:
         deltas: Mapping[str, np.ndarray],
         timeout: float | None = None,
         loss: float | None = None,
+        steps: int = 1,
     ) -> dict[str, Any]:
         """Adds ``deltas`` to the stored values, as the policy decides.
 
         ``clock`` is the number of steps the worker has completed with this
-        push. All deltas are validated before any is applied.
+        push. ``steps`` is how many local steps (batches) the deltas sum up
+        (``strategy.exchange_every``); the job's batch counters advance by it.
+        All deltas are validated before any is applied.
         """
         with self._cond:
             self._touch(worker)
-            self._checked(lambda: (self._require_path("update"), self._validate_tensors(deltas)))
+            self._checked(lambda: (self._require_path("update"), self._validate_tensors(deltas),
+                                   self._validate_steps(steps)))
             self._admit(timeout)
             decision = self._wait_for(lambda: self.policy.on_push(worker, clock, self._ctx()), timeout, "push")
-            self._count_batch(worker)
+            self._count_batch(worker, steps)
             if decision.action is PushAction.DROP:
                 self.stats["dropped"] += 1
                 return {"applied": False, "dropped": True, "version": self.version, "reason": decision.reason,
@@ -295,7 +299,7 @@ class ParameterStore:
             previous = self.version
             self.version += 1
             self.stats["pushes"] += 1
-            self.progress += 1
+            self.progress += steps
             self.policy.on_applied(worker, clock, self._ctx(), loss)
             self._cond.notify_all()
             return {"applied": True, "dropped": False, "version": self.version, "previous_version": previous,
@@ -483,9 +487,14 @@ class ParameterStore:
             self._cond.wait(timeout=remaining)
 
     # ------------------------------------------------------------ membership
-    def _count_batch(self, worker: int) -> None:
+    def _count_batch(self, worker: int, steps: int = 1) -> None:
         if worker >= 0:
-            self.worker_batches[worker] = self.worker_batches.get(worker, 0) + 1
+            self.worker_batches[worker] = self.worker_batches.get(worker, 0) + steps
+
+    @staticmethod
+    def _validate_steps(steps: Any) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise StoreError(f"A push must sum up at least one step; received steps={steps!r}.")
 
     def _member_info(self, worker: int) -> dict[str, Any]:
         info: dict[str, Any] = {}

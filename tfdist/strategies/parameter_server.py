@@ -98,8 +98,11 @@ class _Runtime:
         self.refresh_every_step = bool(getattr(policy, "refresh_every_step", False))
         self.staleness = getattr(policy, "staleness", None)
         # Only pure ASP may overlap: SSP's read guarantee needs the reply before the next step.
-        self.overlap = (self.path == "update" and self.refresh_every_step and self.staleness == float("inf")
-                        and config.strategy.overlap_exchange)
+        asp = self.path == "update" and self.refresh_every_step and self.staleness == float("inf")
+        self.overlap = asp and config.strategy.overlap_exchange
+        #: ASP: exchange after every k-th step; the steps in between stay local (``strategy.exchange_every``).
+        self.exchange_every = config.strategy.exchange_every if asp else 1
+        self._unsent_steps = 0
         self.num_replicas = policy.replicas_to_aggregate if self.path == "gradient" else 1
         self.worker_id = config.cluster.worker_id(task.job, task.index) if task.job in ("chief", "worker") else -1
         self.is_chief = self.worker_id == 0
@@ -231,6 +234,7 @@ class _Runtime:
         session = self.ensure_session()
         if not training or self.worker_id < 0:
             if self.path == "update" or self.worker_id < 0:
+                self.push_unsent()  # local steps not yet sent would be lost to the pull
                 self.assign(session.pull())
                 return
         self.step_wait_s = 0.0
@@ -252,8 +256,11 @@ class _Runtime:
         self._require_training_task()
         if self.in_warmup:  # not part of the job yet: keep the local update, send nothing
             return current if self.refresh_every_step else None
+        steps = self._steps_to_send()
+        if not steps:  # exchange_every: this step stays local
+            return current if self.refresh_every_step else None
         with self._blocked():
-            values = self.session.end({s.key: v for s, v in zip(self.specs, current)}, loss)
+            values = self.session.end({s.key: v for s, v in zip(self.specs, current)}, loss, steps=steps)
         if values is None:
             return None
         return [values[s.key] for s in self.specs]
@@ -263,11 +270,33 @@ class _Runtime:
         self._require_training_task()
         if self.in_warmup:  # not part of the job yet: keep the local update, send nothing
             return [None] * len(self.specs)
+        steps = self._steps_to_send()
+        if not steps:  # exchange_every: this step stays local
+            return [None] * len(self.specs)
         with self._blocked():
-            corrections = self.session.end_overlapped({s.key: v for s, v in zip(self.specs, current)}, loss)
+            corrections = self.session.end_overlapped({s.key: v for s, v in zip(self.specs, current)}, loss,
+                                                      steps=steps)
         if not corrections:
             return [None] * len(self.specs)
         return [corrections.get(s.key) for s in self.specs]
+
+    def _steps_to_send(self) -> int:
+        """Counts a finished step; the number of local steps to send now, or 0 to keep this one local."""
+        self._unsent_steps += 1
+        if self._unsent_steps < self.exchange_every:
+            return 0
+        steps, self._unsent_steps = self._unsent_steps, 0
+        return steps
+
+    def push_unsent(self) -> None:
+        """Sends the local steps an ``exchange_every`` > 1 has held back, and loads fresh values."""
+        if not self._unsent_steps or self.session is None or self.worker_id < 0 or self._left:
+            return
+        steps, self._unsent_steps = self._unsent_steps, 0
+        current = {s.key: v.numpy() for s, v in zip(self.specs, self.variables)}
+        values = self.session.end(current, None, steps=steps)  # waits for any exchange in flight first
+        if values is not None:
+            self.assign(values)
 
     def exchange_gradients(self, keys: list[str | None], grads: list[np.ndarray]) -> list[np.ndarray]:
         self._require_training_task()
@@ -311,6 +340,11 @@ class _Runtime:
         """Leaves the job now (graceful): the PS stops counting this worker; pulls still work."""
         if self._left or self.session is None or self.worker_id < 0:
             return
+        try:
+            self.push_unsent()
+        except Exception as e:
+            logger.warning("worker %d: could not send its last %d local step(s): %s",
+                           self.worker_id, self._unsent_steps, e)
         self._left = True
         try:
             flush = getattr(self.session, "flush", None)
@@ -327,6 +361,10 @@ class _Runtime:
             return
         self._closed = True
         if self.session is not None:
+            try:
+                self.push_unsent()
+            except Exception as e:  # closing goes on: the PS keeps what it has
+                logger.warning("worker %d: could not send its last local step(s): %s", self.worker_id, e)
             self.session.close(done=done and self.worker_id >= 0)
 
 
@@ -553,6 +591,8 @@ class ParameterServerStrategy(StrategyBase):
         overlap_exchange: Overrides ``strategy.overlap_exchange`` (async
             only: exchange with the PS in the background while the next step
             computes).
+        exchange_every: Overrides ``strategy.exchange_every`` (async only:
+            exchange with the PS after every k-th step).
     """
 
     def __init__(
@@ -567,12 +607,15 @@ class ParameterServerStrategy(StrategyBase):
         token: str | None = None,
         variable_filter: Callable[[str, Mapping[str, Any]], bool] | None = None,
         overlap_exchange: bool | None = None,
+        exchange_every: int | None = None,
     ):
         config, task = _resolve(cluster, task, config)
         if isinstance(consistency, str):
             config.strategy = dataclasses.replace(config.strategy, consistency=consistency)
         if overlap_exchange is not None:
             config.strategy = dataclasses.replace(config.strategy, overlap_exchange=overlap_exchange)
+        if exchange_every is not None:
+            config.strategy = dataclasses.replace(config.strategy, exchange_every=exchange_every)
         if placement is not None:
             config.ps.placement = placement
         if partition_threshold_bytes is not None:

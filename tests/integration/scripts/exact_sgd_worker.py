@@ -7,7 +7,10 @@ must hold exactly ``-lr * steps * workers`` everywhere: any update lost or
 pushed twice shows. Every worker, once all of them are done, pulls and
 writes what it got.
 
-Usage: exact_sgd_worker.py --out DIR --steps N [--overlap 0|1]
+With ``--exchange-every K`` the worker sends every K-th step (the K local
+updates summed); the steps a run ends with are sent by the final pull.
+
+Usage: exact_sgd_worker.py --out DIR --steps N [--overlap 0|1] [--exchange-every K]
 """
 
 import argparse
@@ -49,9 +52,11 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--overlap", type=int, default=1)
+    p.add_argument("--exchange-every", type=int, default=1)
     args = p.parse_args()
 
-    strategy = tfdist.ParameterServerStrategy(overlap_exchange=bool(args.overlap))
+    strategy = tfdist.ParameterServerStrategy(overlap_exchange=bool(args.overlap),
+                                              exchange_every=args.exchange_every)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, kernel_initializer="zeros")])
         model.compile(optimizer=keras.optimizers.SGD(LR), loss=lambda y, p: tf.reduce_sum(p, axis=-1))
@@ -63,6 +68,7 @@ def main():
     barrier(args.out, "done", strategy)
     strategy.pull()
     result = {"weights": [w.tolist() for w in model.get_weights()], "sync_stats": strategy.sync_stats,
+              "progress": [s["progress"] for s in strategy.ps_status()],
               "expected": -LR * args.steps * strategy.num_workers}
     with open(os.path.join(args.out, f"worker-{strategy.worker_id}.json"), "w") as f:  # noqa: SIM115
         json.dump(result, f)
