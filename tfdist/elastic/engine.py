@@ -76,7 +76,8 @@ class PSControl:
                                max_message_bytes=config.ps.max_message_bytes, tls_ca=config.security.tls_ca)
 
     def status(self) -> dict[str, Any]:
-        meta, _ = self.client.call(0, "Status", {}, timeout=10.0)
+        """PS 0's brief ``Status``: its counters and policy, without the list of variable specs."""
+        meta, _ = self.client.call(0, "Status", {"brief": True}, timeout=10.0)
         return meta
 
     def control(self, **request: Any) -> None:
