@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: models, synthetic data, step timing, child processes.
+"""Shared pieces of the benchmarks: models, synthetic data, step timing, child processes, docs sections.
 
 Imported by ``benchmarks/ps_throughput.py`` (the driver, which must not import
 TensorFlow before it forks children) and by the worker scripts in
@@ -134,6 +134,43 @@ def write_result(path: str, result: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(result, f)
+    os.replace(tmp, path)
+
+
+def section_markers(name: str) -> tuple[str, str]:
+    """The lines that open and close the Markdown section ``name``."""
+    return f"<!-- section: {name} -->", f"<!-- /section: {name} -->"
+
+
+def replace_section(path: str, name: str, text: str) -> None:
+    """Rewrites the body of one marked section of a Markdown file, leaving the rest as it is.
+
+    A section is the text between the lines ``<!-- section: NAME -->`` and
+    ``<!-- /section: NAME -->`` (both kept). The file becomes
+    ``<before>BEGIN + "\\n" + text + "\\n" + END<after>``; it is replaced atomically.
+
+    Args:
+        path: The Markdown file, e.g. ``docs/benchmarks.md``.
+        name: The section name, e.g. ``"consistency"``.
+        text: The new body, without the markers.
+
+    Raises:
+        ValueError: a marker is missing (or the end marker comes first).
+    """
+    begin_marker, end_marker = section_markers(name)
+    with open(path, encoding="utf-8") as f:
+        doc = f.read()
+    begin = doc.find(begin_marker)
+    end = doc.find(end_marker, begin + len(begin_marker)) if begin >= 0 else -1
+    if end < 0:
+        raise ValueError(
+            f"{path} has no section {name!r}: it needs a line {begin_marker} and, after it, a line {end_marker}. "
+            "Add both where the section belongs, then write the docs again."
+        )
+    doc = doc[:begin] + begin_marker + "\n" + text + "\n" + doc[end:]
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(doc)
     os.replace(tmp, path)
 
 

@@ -80,8 +80,7 @@ from benchmarks import _common  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "examples", "train_elastic.py")
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
-SECTION_BEGIN = "<!-- section: autoscaling -->"
-SECTION_END = "<!-- /section: autoscaling -->"
+SECTION = "autoscaling"  # the marked section of docs/benchmarks.md this script rewrites
 
 #: Or et al., MLSys 2020, §6 (CIFAR-10, ResNet-56, 4 to 24 GPUs, step 4): the engine converged to the best
 #: size (4 GPUs), completed 8.23-16.0 % faster and used 58.6-85.1 % less GPU time than the over-provisioned
@@ -344,7 +343,7 @@ def render_section(result: dict) -> str:
     s, rows, rep = result["settings"], result["rows"], result["report"]
     m = result["machine"]
     load = result["load"]
-    lines = [SECTION_BEGIN, "", "## Autoscaling (`benchmarks/autoscaling.py`, seed paper 002)", "",
+    lines = ["", "## Autoscaling (`benchmarks/autoscaling.py`, seed paper 002)", "",
              f"Command ({result['total_s'] / 60:.0f} minutes):", "", "```bash", result["command"], "```", "",
              f"Recorded {result['date']} on {m.get('cpus')} CPU cores ({m.get('cpu', '?')}, {m.get('mem_gib', '?')} GiB), "
              f"TensorFlow {result['versions'].get('tensorflow')}, Keras {result['versions'].get('keras')}; "
@@ -439,22 +438,12 @@ def render_section(result: dict) -> str:
     lines += [f"Paper: {PAPER}", ""]
     if result.get("notes"):
         lines += ["Notes:", ""] + [f"* {n}" for n in result["notes"]] + [""]
-    lines.append(SECTION_END)
     return "\n".join(lines)
 
 
 def write_docs(result: dict, path: str = DOCS) -> None:
-    """Rewrites only the text between the autoscaling markers (appends the markers if absent)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if SECTION_BEGIN not in text or SECTION_END not in text:
-        text = text.rstrip("\n") + "\n\n" + SECTION_BEGIN + "\n" + SECTION_END + "\n"
-    start, end = text.index(SECTION_BEGIN), text.index(SECTION_END) + len(SECTION_END)
-    text = text[:start] + render_section(result) + text[end:]
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Rewrites only the text between the autoscaling markers of ``path``."""
+    _common.replace_section(path, SECTION, render_section(result))
 
 
 # -------------------------------------------------------------------- main

@@ -72,10 +72,11 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
+from benchmarks import _common  # noqa: E402
+
 WORKER_SCRIPT = os.path.join(ROOT, "benchmarks", "consistency_workers", "train.py")
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
-SECTION_BEGIN = "<!-- section: consistency -->"
-SECTION_END = "<!-- /section: consistency -->"
+SECTION = "consistency"  # the marked section of docs/benchmarks.md this script rewrites
 
 MODES = ("bsp", "sync_replicas", "asp", "ssp", "dtssp")
 SCENARIOS = ("no_straggler", "straggler", "hetero")
@@ -416,7 +417,7 @@ def render_section(result: dict) -> str:
     a = result["settings"]
     runs = result["runs"]
     n = a["workers"]
-    lines = [SECTION_BEGIN, "## Consistency modes and stragglers (`benchmarks/consistency.py`)", ""]
+    lines = ["## Consistency modes and stragglers (`benchmarks/consistency.py`)", ""]
     lines += [
         "Command (JSON on stdout; " + f"{result['total_s'] / 60:.0f} minutes):", "", "```bash",
         result["command"], "```", "",
@@ -530,22 +531,12 @@ def render_section(result: dict) -> str:
         lines.append("")
     if result.get("notes"):
         lines += [result["notes"], ""]
-    lines.append(SECTION_END)
     return "\n".join(lines)
 
 
 def write_docs(result: dict, path: str = DOCS) -> None:
-    """Rewrites only the text between the consistency markers (appends the markers if absent)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if SECTION_BEGIN not in text or SECTION_END not in text:
-        text = text.rstrip("\n") + "\n\n" + SECTION_BEGIN + "\n" + SECTION_END + "\n"
-    start, end = text.index(SECTION_BEGIN), text.index(SECTION_END) + len(SECTION_END)
-    text = text[:start] + render_section(result) + text[end:]
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Rewrites only the text between the consistency markers of ``path``."""
+    _common.replace_section(path, SECTION, render_section(result))
 
 
 # -------------------------------------------------------------------- main

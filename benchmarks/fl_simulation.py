@@ -40,6 +40,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from benchmarks import _common  # noqa: E402
+
+SECTION = "federated"  # the marked section of docs/benchmarks.md this script rewrites
 ALL_VARIANTS = ["sequential_fit", "naive_rebuild", "flower_quickstart", "flower_cached", "tfdist_w2", "tfdist_w4",
                 "tfdist_inline"]
 NUM_CLIENTS, CLIENTS_PER_ROUND, BATCH, EPOCHS, LR, ALPHA, SEED = 100, 20, 16, 1, 0.3, 0.5, 0
@@ -280,7 +285,6 @@ def write_docs(report: dict, path: str) -> None:
     def ratio(a, b):
         return f"{rows[a]['rounds_per_s'] / rows[b]['rounds_per_s']:.1f}x" if a in rows and b in rows else "n/a"
     lines = [
-        "<!-- section: federated -->",
         "## Federated simulation (`benchmarks/fl_simulation.py`)",
         "",
         "Workload, identical for every row: scikit-learn digits (1,437 train / 360 test), 100 clients "
@@ -330,14 +334,8 @@ def write_docs(report: dict, path: str) -> None:
         "* The machine is shared with other jobs: the load average columns show how busy it was around each "
         "row. Compare rows of one run, not absolute numbers across runs.",
         "",
-        "<!-- /section: federated -->",
     ]
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    start, end = text.index("<!-- section: federated -->"), text.index("<!-- /section: federated -->")
-    text = text[:start] + "\n".join(lines) + text[end + len("<!-- /section: federated -->"):]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    _common.replace_section(path, SECTION, "\n".join(lines))
 
 
 def main(argv=None):

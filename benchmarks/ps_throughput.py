@@ -62,8 +62,7 @@ from benchmarks import _common  # noqa: E402
 
 WORKERS = os.path.join(ROOT, "benchmarks", "ps_workers")
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
-SECTION_BEGIN = "<!-- section: parameter-server -->"
-SECTION_END = "<!-- /section: parameter-server -->"
+SECTION = "parameter-server"  # the marked section of docs/benchmarks.md this script rewrites
 
 CONFIGS = ("plain", "tfdist_1w1ps", "tfdist_2w2ps", "mwms", "tf_pss", "mwms_split", "tfdist_2w2ps_k4")
 #: strategy.exchange_every of the tfdist_2w2ps_k4 row.
@@ -652,14 +651,8 @@ def render_docs(result: dict) -> str:
 
 
 def write_docs(result: dict, path: str = DOCS) -> None:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    begin, end = text.find(SECTION_BEGIN), text.find(SECTION_END)
-    if begin < 0 or end < begin:
-        raise RuntimeError(f"{path} has no {SECTION_BEGIN} ... {SECTION_END} markers")
-    text = text[: begin + len(SECTION_BEGIN)] + "\n" + render_docs(result) + "\n" + text[end:]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    """Rewrites only the text between the parameter-server markers of ``path``."""
+    _common.replace_section(path, SECTION, render_docs(result))
 
 
 # ------------------------------------------------------------------- main ----------

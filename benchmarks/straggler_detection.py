@@ -42,10 +42,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from benchmarks import _common  # noqa: E402
+
 WORKER = os.path.join(ROOT, "benchmarks", "straggler_workers", "worker.py")
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
-SECTION_BEGIN = "<!-- section: straggler -->"
-SECTION_END = "<!-- /section: straggler -->"
+SECTION = "straggler"  # the marked section of docs/benchmarks.md this script rewrites
 WORKERS = 4
 STRAGGLER = 2
 PROFILE = 5  # n
@@ -204,7 +206,7 @@ def analyse(plan: dict, raw: dict, previous: dict | None = None) -> dict:
 def render(report: dict) -> str:
     env, cfg = report["environment"], report["config"]
     sources = "".join(f" The {k} part is from an earlier run: `{v}`." for k, v in report.get("sources", {}).items())
-    lines = [SECTION_BEGIN, "", "## Straggler detection (seed paper 000)", "",
+    lines = ["", "## Straggler detection (seed paper 000)", "",
              f"`{report['command']}` — {env['date']}, {env['machine']}, {env['cpus']} CPUs "
              f"(load average at start {env['load_average']}). {cfg['workers']} worker processes, "
              f"`tfdist.AllReduceStrategy` + `StragglerDetector` (n={PROFILE}, k=2, default limit), MLP on digits; "
@@ -269,17 +271,13 @@ def render(report: dict) -> str:
               "(factor − 1) x n per later epoch. Ratios below 1.0x: fewer members make the all-reduce and the timing "
               "exchange cheaper, and skipped steps free CPU on this 2-core machine.",
               "* Times on this shared machine are noisy; ratios come from runs in the same job, one after another.",
-              "", SECTION_END]
+              ""]
     return "\n".join(lines)
 
 
 def write_docs(report: dict, path: str = DOCS) -> None:
-    text = open(path).read() if os.path.exists(path) else ""
-    if SECTION_BEGIN not in text or SECTION_END not in text:
-        text = text.rstrip("\n") + f"\n\n{SECTION_BEGIN}\n{SECTION_END}\n"
-    start, end = text.index(SECTION_BEGIN), text.index(SECTION_END) + len(SECTION_END)
-    with open(path, "w") as f:
-        f.write(text[:start] + render(report) + text[end:])
+    """Rewrites only the text between the straggler markers of ``path``."""
+    _common.replace_section(path, SECTION, render(report))
 
 
 def main(argv=None) -> int:

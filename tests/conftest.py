@@ -1,10 +1,13 @@
-"""Shared pytest set-up: quiet TF logs, skip slow tests unless RUN_SLOW=1."""
+"""Shared pytest set-up: quiet TF logs, skip slow tests unless RUN_SLOW=1, a notebook runner."""
 
 import os
+import pathlib
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+COLAB = pathlib.Path(__file__).resolve().parents[1] / "colab"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -56,3 +59,58 @@ def compiled_recorder():
         return model
 
     return compiled_recorder
+
+
+class NotebookRun:
+    """A notebook executed by ``run_notebook``, with views on the outputs of its code cells."""
+
+    def __init__(self, nb):
+        self.nb = nb
+        self.outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+
+    @property
+    def text(self) -> str:
+        """Everything the code cells printed (stream outputs), concatenated in order."""
+        return "".join(o.get("text", "") for o in self.outputs)
+
+    def cell_text(self, index: int) -> str:
+        """What cell ``index`` (of all cells, markdown included; negative counts from the end) printed."""
+        return "".join(o.get("text", "") for o in self.nb.cells[index].get("outputs", []))
+
+    @property
+    def errors(self) -> list:
+        """The error outputs (empty: ``NotebookClient`` raises on the first error unless told otherwise)."""
+        return [o for o in self.outputs if o.get("output_type") == "error"]
+
+    @property
+    def has_image(self) -> bool:
+        """Whether some cell displayed a PNG image (a matplotlib plot under the inline backend)."""
+        return any("image/png" in o.get("data", {}) for o in self.outputs)
+
+
+@pytest.fixture
+def run_notebook(tmp_path, monkeypatch):
+    """``run(name, timeout, env=None) -> NotebookRun``: executes ``colab/<name>`` headless.
+
+    The python3 kernel runs in ``tmp_path`` with ``timeout`` seconds per cell.
+    Every ``TFDIST_*`` variable, ``TF_CONFIG`` and ``MPLBACKEND`` (so the
+    kernel's inline backend emits PNGs) are removed from the environment the
+    kernel inherits, TF's C++ logs are quietened, then ``env`` is set.
+    """
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    for name in list(os.environ):
+        if name.startswith("TFDIST_") or name in ("TF_CONFIG", "MPLBACKEND"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    def run(name: str, timeout: float, env: dict | None = None) -> NotebookRun:
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        nb = nbformat.read(COLAB / name, as_version=4)
+        client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                         resources={"metadata": {"path": str(tmp_path)}})
+        client.execute()
+        return NotebookRun(nb)
+
+    return run

@@ -79,14 +79,14 @@ def test_json_shape(result):
 
 def test_write_docs_replaces_only_its_section(result, tmp_path):
     sys.path.insert(0, ROOT)
-    from benchmarks import consistency
+    from benchmarks import _common, consistency
 
     docs = tmp_path / "benchmarks.md"
     shutil.copy(os.path.join(ROOT, "docs", "benchmarks.md"), docs)
     original = docs.read_text()
     consistency.write_docs(result, str(docs))
     text = docs.read_text()
-    begin, end = consistency.SECTION_BEGIN, consistency.SECTION_END
+    begin, end = _common.section_markers(consistency.SECTION)
     assert text.count(begin) == 1 and text.count(end) == 1
     if begin in original:
         assert text.split(begin)[0] == original.split(begin)[0]

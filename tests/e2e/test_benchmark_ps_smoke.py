@@ -71,7 +71,7 @@ def test_bytes_json_shape(bytes_result):
 
 def test_write_docs_replaces_only_the_ps_section(bytes_result, tmp_path):
     sys.path.insert(0, ROOT)
-    from benchmarks import ps_throughput
+    from benchmarks import _common, ps_throughput
 
     docs = tmp_path / "benchmarks.md"
     shutil.copy(os.path.join(ROOT, "docs", "benchmarks.md"), docs)
@@ -91,7 +91,7 @@ def test_write_docs_replaces_only_the_ps_section(bytes_result, tmp_path):
     }
     ps_throughput.write_docs(result, str(docs))
     text = docs.read_text()
-    begin, end = ps_throughput.SECTION_BEGIN, ps_throughput.SECTION_END
+    begin, end = _common.section_markers(ps_throughput.SECTION)
     assert text.split(begin)[0] == original.split(begin)[0]
     assert text.split(end)[1] == original.split(end)[1]
     section = text.split(begin)[1].split(end)[0]

@@ -56,7 +56,7 @@ def end_job_once(condition, extra_batches=30):
     def hook(engine):
         if not state["sent"] and condition(engine):
             state["sent"] = True
-            engine.source.control(total_batches=int(engine._last_status.get("progress", 0)) + extra_batches)
+            engine.source.control(total_batches=int(engine.last_status.get("progress", 0)) + extra_batches)
 
     return hook
 
@@ -106,8 +106,8 @@ def test_crashed_worker_is_dropped_and_bsp_training_continues(tmp_path):
     killed = {}
 
     def crash_worker_1(engine):
-        if not killed and engine._last_status.get("progress", 0) >= 40:
-            killed["at"] = engine._last_status["progress"]
+        if not killed and engine.last_status.get("progress", 0) >= 40:
+            killed["at"] = engine.last_status["progress"]
             engine.actuator.kill_worker(1)
 
     result, job = run(tmp_path, config, on_poll=crash_worker_1, step_delay=0.05)
@@ -168,7 +168,7 @@ def test_worker_joins_a_running_sync_job_without_holding_it_back(tmp_path, consi
     def look(engine):
         if 1 in engine.counted() and "policy" not in seen:
             seen["policy"] = engine.source.status()["policy"]
-            seen["progress"] = engine._last_status.get("progress", 0)
+            seen["progress"] = engine.last_status.get("progress", 0)
 
     finish = end_job_once(lambda e: "policy" in seen, 40)
     result, job = run(tmp_path, config, step_delay=0.05, on_poll=lambda e: (look(e), finish(e)))

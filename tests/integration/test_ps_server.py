@@ -135,6 +135,18 @@ def test_worker_waits_for_the_chief_with_a_bound(cluster):
     assert time.monotonic() - start < 30
 
 
+def test_brief_status_leaves_out_only_the_specs(cluster):
+    chief = _session(cluster, 0, True)
+    chief.initialize(_values())
+    with cluster.client() as c:
+        full, _ = c.call(0, "Status", {})
+        brief, _ = c.call(0, "Status", {"brief": True})
+    assert full["specs"]  # the variables (or pieces) this PS holds
+    assert "specs" not in brief and set(full) - set(brief) == {"specs"}
+    assert brief["initialized"] is True and brief["task_index"] == 0
+    chief.close(done=False)
+
+
 def test_unreachable_ps_fails_in_bounded_time_naming_the_address():
     from tfdist.cluster.local import free_port
 

@@ -110,6 +110,20 @@ def test_per_worker_batches_and_progress_are_counted():
     assert status["progress"] == 4
 
 
+
+def test_brief_status_has_the_counters_the_engine_reads_and_no_specs():
+    store = make_store(SSPPolicy(10), num_workers=2, clock=FakeClock())
+    store.control(total_batches=5)
+    store.push(0, 1, grad(1.0))
+    full, brief = store.status(), store.status(brief=True)
+    assert full["specs"] == [s.to_dict() for s in SPECS]
+    assert "specs" not in brief
+    assert brief == {k: v for k, v in full.items() if k != "specs"}
+    # what ElasticEngine.poll reads (and tests/integration/test_elastic.py: the policy)
+    assert brief["initialized"] is True and brief["worker_batches"] == {"0": 1} and brief["progress"] == 1
+    assert brief["total_batches"] == 5 and brief["job_done"] is False and brief["policy"] is not None
+
+
 # ---------------------------------------------------------------- drain, job end
 def test_drained_worker_is_told_to_leave_and_others_are_not():
     store = make_store(SSPPolicy(10), num_workers=2, clock=FakeClock())

@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 #: Jobs whose tasks end the job when they all finish.
 TRAINING_JOBS = ("chief", "worker")
+#: Jobs whose tasks serve the others (:meth:`LocalJob.check_servers` watches them).
+SERVER_JOBS = ("ps", "input")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -215,15 +217,31 @@ class LocalJob:
 
         deadline = time.monotonic() + timeout
         while True:
-            for proc in list(self.tasks.values()):
-                if proc.task.job in ("ps", "input") and proc.poll() is not None:
-                    self._fail(proc)
+            self.check_servers()
             try:
                 client.wait_ready(min(1.0, max(deadline - time.monotonic(), 0.01)))
                 return
             except PSUnavailableError:
                 if time.monotonic() >= deadline:
                     raise
+
+    def check_servers(self, clean_exit_ok: bool = False) -> None:
+        """Raises if a PS (or input) task has exited; returns at once otherwise.
+
+        Args:
+            clean_exit_ok: Let a task that exited 0 pass (a PS exits 0 by
+                itself once every worker said it is done). Defaults to
+                ``False``: any exit counts, as while the servers start.
+
+        Raises:
+            LaunchError: a server task exited (the message names it and shows
+                its last lines); every task is stopped.
+        """
+        for proc in list(self.tasks.values()):
+            if proc.task.job in SERVER_JOBS:
+                code = proc.poll()
+                if code is not None and not (clean_exit_ok and code == 0):
+                    self._fail(proc)
 
     def kill(self, task: TaskSpec | str) -> None:
         """SIGKILL one task (a crash)."""

@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import time
+import types
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
@@ -75,7 +76,8 @@ class PSControl:
                                max_message_bytes=config.ps.max_message_bytes, tls_ca=config.security.tls_ca)
 
     def status(self) -> dict[str, Any]:
-        meta, _ = self.client.call(0, "Status", {}, timeout=10.0)
+        """PS 0's brief ``Status``: its counters and policy, without the list of variable specs."""
+        meta, _ = self.client.call(0, "Status", {"brief": True}, timeout=10.0)
         return meta
 
     def control(self, **request: Any) -> None:
@@ -229,6 +231,17 @@ class ElasticEngine:
         rec.leaving = self.clock()
         rec.reason = reason
         self.source.control(drain=[worker])
+
+    @property
+    def last_status(self) -> Mapping[str, Any]:
+        """The parameter servers' status read by the latest :meth:`poll` (read-only).
+
+        PS 0's ``Status`` answer (``progress``, ``total_batches``,
+        ``worker_batches``, ``initialized``, ``job_done``, ...); empty before
+        the first poll that reached the PS. Hooks passed to :meth:`run` as
+        ``on_poll`` read it, e.g. ``engine.last_status.get("progress", 0)``.
+        """
+        return types.MappingProxyType(self._last_status)
 
     def active(self) -> list[int]:
         """Workers started and not asked to leave."""

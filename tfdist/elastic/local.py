@@ -9,7 +9,6 @@ from typing import Callable
 from tfdist.cluster.local import TRAINING_JOBS, LocalJob
 from tfdist.elastic.actuators import LocalActuator
 from tfdist.elastic.engine import ElasticEngine, EngineResult, PSControl
-from tfdist.errors import LaunchError
 
 __all__ = ["run_local_elastic"]
 
@@ -43,9 +42,7 @@ def run_local_elastic(job: LocalJob, timeout: float | None = None,
     engine = ElasticEngine(job.config, LocalActuator(job), source, log_path=os.path.join(job.log_dir, "elastic.jsonl"))
 
     def watch(engine: ElasticEngine) -> None:
-        for proc in list(job.tasks.values()):
-            if proc.task.job in ("ps", "input") and proc.poll() not in (None, 0):
-                job._fail(proc)  # raises LaunchError naming the task
+        job.check_servers(clean_exit_ok=True)  # raises LaunchError naming a failed server task
         if on_poll is not None:
             on_poll(engine)
 

@@ -3,8 +3,8 @@
 Methods (service ``tfdist.ParameterServer``; every request and response is a
 :mod:`tfdist.ps.wire` message): ``Init``, ``WaitInit``, ``Pull``, ``Push``,
 ``PushPull`` (update path), ``PushGradients``, ``PutState`` (gradient path),
-``SetExcluded`` (detected stragglers), ``Heartbeat``, ``Status``, ``Done``,
-``Shutdown``.
+``SetExcluded`` (detected stragglers), ``Heartbeat``, ``Status`` (with
+``{"brief": true}`` without the per-variable specs), ``Done``, ``Shutdown``.
 
 The consistency policy arrives with the initialising worker's ``Init`` (the
 chief's strategy decides), so a PS task needs no user code and no mode
@@ -267,7 +267,8 @@ class PSServer:
         return {"live_workers": self.store.heartbeat(int(meta["worker"]))}, {}
 
     def _rpc_Status(self, meta, tensors, context):
-        return {**self.store.status(), "task_index": self.task_index, "num_workers": self.num_workers}, {}
+        status = self.store.status(brief=bool(meta.get("brief", False)))  # brief: no per-variable specs
+        return {**status, "task_index": self.task_index, "num_workers": self.num_workers}, {}
 
     def _rpc_Done(self, meta, tensors, context):
         done = self.store.mark_done(int(meta["worker"]))

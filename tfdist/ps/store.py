@@ -595,9 +595,16 @@ class ParameterStore:
         with self._cond:
             return sorted(self._live())
 
-    def status(self) -> dict[str, Any]:
+    def status(self, brief: bool = False) -> dict[str, Any]:
+        """Counters, membership and policy of this PS.
+
+        Args:
+            brief: Leave out ``specs`` (one entry per variable), for pollers
+                that read only the counters, like the elastic engine.
+                Defaults to ``False``.
+        """
         with self._cond:
-            return {
+            status = {
                 "initialized": self.initialized,
                 "initialized_by": self.initialized_by,
                 "version": self.version,
@@ -616,8 +623,10 @@ class ParameterStore:
                 "joins": self.joins,
                 "stats": dict(self.stats),
                 "policy": self.policy.describe() if self.policy else None,
-                "specs": [s.to_dict() for s in self._specs.values()],
             }
+            if not brief:
+                status["specs"] = [s.to_dict() for s in self._specs.values()]
+            return status
 
 
 class _Wait:

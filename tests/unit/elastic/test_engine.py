@@ -198,3 +198,12 @@ def test_result_lists_every_worker_process_with_its_times():
     workers = engine.result().workers
     assert [(w["worker"], w["role"], w["exit"]) for w in workers] == [(0, "initial", 0)]
     assert workers[0]["started"] == 0.0 and 0 < workers[0]["joined"] <= workers[0]["ended"]
+
+
+def test_last_status_is_the_latest_poll_read_only():
+    engine, ps, actuator = make({"max_workers": 2, "replace_stragglers": False}, rate=lambda w: 10.0)
+    assert engine.last_status == {}  # no poll yet
+    drive(engine, ps, 5)
+    assert engine.last_status == ps.status() and engine.last_status["progress"] > 0
+    with pytest.raises(TypeError):
+        engine.last_status["progress"] = 0
