@@ -18,6 +18,7 @@ call these from ``tf.py_function``; tests call them directly.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
@@ -35,6 +36,10 @@ from tfdist.ps.placement import PlacementPlan, VariableSpec
 __all__ = ["WorkerSession"]
 
 logger = logging.getLogger(__name__)
+
+
+#: How many steps' start records an update-path session keeps for audits.
+AUDIT_STEPS = 100_000
 
 
 class WorkerSession:
@@ -347,8 +352,9 @@ class UpdateSession(WorkerSession):
         self.cache_min_clock = 0
         self.min_clock = 0
         self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0, "overlap_wait_seconds": 0.0})
-        #: ``(clock started, min clock the cache is guaranteed to include)`` per step, for audits.
-        self.starts: list[tuple[int, int]] = []
+        #: ``(clock started, min clock the cache is guaranteed to include)`` per step, for audits:
+        #: the last :data:`AUDIT_STEPS` steps (bounded, so a long job does not grow it forever).
+        self.starts: collections.deque[tuple[int, int]] = collections.deque(maxlen=AUDIT_STEPS)
 
     def _note(self, replies) -> None:
         super()._note(replies)

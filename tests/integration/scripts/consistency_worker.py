@@ -91,7 +91,7 @@ def main():
     }
     session = strategy._runtime.session
     if hasattr(session, "starts"):
-        result["starts"] = session.starts
+        result["starts"] = list(session.starts)
     np.savez(os.path.join(args.out, f"weights-{me}.npz"), *model.get_weights())
     with open(os.path.join(args.out, f"worker-{me}.json"), "w") as f:
         json.dump(result, f)
