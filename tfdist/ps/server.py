@@ -4,7 +4,8 @@ Methods (service ``tfdist.ParameterServer``; every request and response is a
 :mod:`tfdist.ps.wire` message): ``Init``, ``WaitInit``, ``Pull``, ``Push``,
 ``PushPull`` (update path), ``PushGradients``, ``PutState`` (gradient path),
 ``SetExcluded`` (detected stragglers), ``Heartbeat``, ``Status`` (with
-``{"brief": true}`` without the per-variable specs), ``Done``, ``Shutdown``.
+``{"brief": true}`` without the per-variable specs), ``Done``, ``Shutdown``,
+``Control`` (the elastic engine: drain, undrain, gone, total batches).
 
 The consistency policy arrives with the initialising worker's ``Init`` (the
 chief's strategy decides), so a PS task needs no user code and no mode
