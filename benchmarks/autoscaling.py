@@ -126,7 +126,7 @@ class SpanRecorder:
         self.starts: dict[int, tuple[int, float, str]] = {}  # id(WorkerRecord) -> (worker, start s, role)
 
     def __call__(self, engine) -> None:
-        t0 = engine.clock() - engine._now()
+        t0 = engine.started_at if engine.started_at is not None else engine.clock()
         for rec in engine.workers.values():
             self.starts.setdefault(id(rec), (rec.worker, rec.started - t0, rec.role))
 

@@ -243,6 +243,11 @@ class ElasticEngine:
         """
         return types.MappingProxyType(self._last_status)
 
+    @property
+    def started_at(self) -> float | None:
+        """``clock()`` time the run started (the zero of every ``t`` in the log); None before :meth:`run`."""
+        return self._t0
+
     def active(self) -> list[int]:
         """Workers started and not asked to leave."""
         return sorted(w for w, r in self.workers.items() if r.leaving is None)

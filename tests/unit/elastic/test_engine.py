@@ -144,7 +144,7 @@ def test_persistent_straggler_gets_a_spare_and_is_drained_only_after_the_spare_j
     assert len(spare) == 1 and spare[0]["action"]["worker"] == 1
     new = spare[0]["spare"]
     joined = [d for d in engine.decisions if d["kind"] == "join" and d["worker"] == new]
-    assert joined and 1 in ps.drained_at and engine._t0 + joined[0]["t"] <= ps.drained_at[1]
+    assert joined and 1 in ps.drained_at and engine.started_at + joined[0]["t"] <= ps.drained_at[1]
     assert list(ps.drained_at) == [1]  # no one else was drained
     assert actuator.running() == {0, 2, new}
 
