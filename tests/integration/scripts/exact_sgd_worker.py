@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
+from file_barrier import wait_for_all  # noqa: E402  (this script's folder)
 
 LR = 2.0 ** -4
 
@@ -35,16 +36,6 @@ class Pace(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(0.005)
-
-
-def barrier(out, name, strategy, timeout=120):
-    with open(os.path.join(out, f"{name}-{strategy.worker_id}"), "w"):
-        pass
-    deadline = time.monotonic() + timeout
-    while not all(os.path.exists(os.path.join(out, f"{name}-{w}")) for w in range(strategy.num_workers)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the other workers did not reach {name!r} within {timeout} s")
-        time.sleep(0.02)
 
 
 def main():
@@ -62,10 +53,10 @@ def main():
         model.compile(optimizer=keras.optimizers.SGD(LR), loss=lambda y, p: tf.reduce_sum(p, axis=-1))
     x, y = np.ones((64 * args.steps, 4), np.float32), np.zeros((64 * args.steps, 3), np.float32)
     strategy.pull()  # joins the job (the chief initialises the PS)
-    barrier(args.out, "ready", strategy)  # so that the workers' steps interleave
+    wait_for_all(args.out, "ready", strategy.worker_id, strategy.num_workers)  # so that the workers' steps interleave
     model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[Pace()])
     strategy.pull()  # also waits for this worker's last update in flight
-    barrier(args.out, "done", strategy)
+    wait_for_all(args.out, "done", strategy.worker_id, strategy.num_workers)
     strategy.pull()
     result = {"weights": [w.tolist() for w in model.get_weights()], "sync_stats": strategy.sync_stats,
               "progress": [s["progress"] for s in strategy.ps_status()],

@@ -8,7 +8,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -16,6 +15,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tfdist  # noqa: E402
+from file_barrier import wait_for_all  # noqa: E402  (this script's folder)
 from tfdist.datasets import load_digits  # noqa: E402
 
 
@@ -40,17 +40,6 @@ def make_model(kind, num_classes=10):
             keras.layers.Dense(num_classes, activation="softmax"),
         ])
     raise ValueError(kind)
-
-
-def wait_for_all(out, name, strategy, timeout=120):
-    """A file barrier across the job's workers (bounded)."""
-    with open(os.path.join(out, f"{name}-{strategy.worker_id}"), "w"):
-        pass
-    deadline = time.monotonic() + timeout
-    while not all(os.path.exists(os.path.join(out, f"{name}-{w}")) for w in range(strategy.num_workers)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the other workers did not reach {name!r} within {timeout} s")
-        time.sleep(0.05)
 
 
 class CrashAfter(keras.callbacks.Callback):
@@ -106,7 +95,7 @@ def main():
         result["loss_history"] = hist.history["loss"]
     strategy.pull()  # also waits for this worker's last update in flight
     if args.barrier:
-        wait_for_all(args.out, "trained", strategy)
+        wait_for_all(args.out, "trained", strategy.worker_id, strategy.num_workers)
         strategy.pull()
     result["final_eval"] = model.evaluate(x_test, data.y_test, verbose=0)
     probs = model.predict(x_test[:5], verbose=0)
