@@ -84,7 +84,7 @@ def test_async_pushes_every_update_exactly_once(tmp_path, scripts_dir, overlap, 
 
 def test_embedding_and_batchnorm_train(tmp_path, scripts_dir):
     res = _run(tmp_path, os.path.join(scripts_dir, "train_worker.py"),
-               ["--model", "embed_bn", "--epochs", "4"], workers=2, ps=1)
+               ["--model", "embed_bn", "--epochs", "4", "--barrier"], workers=2, ps=1)
     chief, other = res
     keys = [k for k, _, _ in chief["placement"]]
     assert any("embedding" in k for k in keys)
@@ -98,7 +98,10 @@ def test_embedding_and_batchnorm_train(tmp_path, scripts_dir):
 def test_job_resumes_from_its_checkpoint(tmp_path, scripts_dir):
     script = os.path.join(scripts_dir, "train_worker.py")
     ckpt = tmp_path / "ckpt.weights.h5"
-    first = _run(tmp_path / "a", script, ["--epochs", "3", "--save-weights", str(ckpt)], workers=2, ps=1)
+    # --barrier: the chief evaluates and saves only after worker 1's last update landed, so the
+    # checkpoint holds exactly the weights its final evaluation measured.
+    first = _run(tmp_path / "a", script, ["--epochs", "3", "--save-weights", str(ckpt), "--barrier"],
+                 workers=2, ps=1)
     assert ckpt.exists()
     # a fresh cluster: the chief loads the checkpoint, worker 1 does not; before
     # any training both evaluate the checkpoint's weights (worker 1 pulled them)
