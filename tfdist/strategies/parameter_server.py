@@ -340,11 +340,11 @@ class _Runtime:
         """Leaves the job now (graceful): the PS stops counting this worker; pulls still work."""
         if self._left or self.session is None or self.worker_id < 0:
             return
+        unsent = self._unsent_steps
         try:
             self.push_unsent()
         except Exception as e:
-            logger.warning("worker %d: could not send its last %d local step(s): %s",
-                           self.worker_id, self._unsent_steps, e)
+            logger.warning("worker %d: could not send its last %d local step(s): %s", self.worker_id, unsent, e)
         self._left = True
         try:
             flush = getattr(self.session, "flush", None)
