@@ -85,6 +85,11 @@ def local_cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def training_task_count(config: JobConfig) -> int:
+    """Tasks of ``config`` that run TensorFlow (chief, workers, evaluator)."""
+    return sum(len(getattr(config.cluster, job)) for job in _TF_JOBS)
+
+
 def local_threads_per_task(config: JobConfig, cpus: int | None = None) -> int | None:
     """TensorFlow intra-op threads for each training task of a local launch (``launch.threads_per_task``).
 
@@ -99,7 +104,7 @@ def local_threads_per_task(config: JobConfig, cpus: int | None = None) -> int | 
         return None
     if setting != "auto":
         return int(setting)
-    tasks = sum(len(getattr(config.cluster, job)) for job in _TF_JOBS)
+    tasks = training_task_count(config)
     if tasks <= 1:
         return None
     return max(1, (cpus or local_cpu_count()) // tasks)
@@ -162,7 +167,7 @@ class LocalJob:
         self.threads_per_task = local_threads_per_task(self.config)
         if self.threads_per_task is not None and "TF_NUM_INTRAOP_THREADS" not in {**os.environ, **self.config.launch.env}:
             logger.info("local launch: %d training task(s) share %d core(s); TensorFlow intra-op threads per task: %d "
-                        "(launch.threads_per_task)", sum(len(getattr(self.config.cluster, j)) for j in _TF_JOBS),
+                        "(launch.threads_per_task)", training_task_count(self.config),
                         local_cpu_count(), self.threads_per_task)
 
     # ---------------------------------------------------------------- tasks
