@@ -30,6 +30,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
+            "hypothesis>=6.100",
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
