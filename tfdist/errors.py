@@ -12,6 +12,7 @@ __all__ = [
     "PSError",
     "PSUnavailableError",
     "PSRejectedError",
+    "PSWaitTimeoutError",
     "AuthError",
     "WireFormatError",
     "PlacementError",
@@ -50,6 +51,16 @@ class PSRejectedError(PSError):
     """A parameter server refused a request (bad variable, dtype, shape, ...).
 
     The server's values are unchanged when this is raised.
+    """
+
+
+class PSWaitTimeoutError(PSError):
+    """A wait on a parameter server ran out of time; the server itself is fine.
+
+    The consistency policy made the call wait (a barrier for other workers'
+    gradients, an SSP bound, the chief's initialisation) longer than the
+    job's RPC timeout. The message says what it waited for and names the
+    setting (``ps.rpc_timeout_s``).
     """
 
 

@@ -123,6 +123,22 @@ class ConsistencyPolicy:
     def step_complete(self, contributors: frozenset[int], ctx: PolicyContext) -> bool:
         raise NotImplementedError(f"{self.name} does not aggregate gradients")
 
+    def read_may_wait(self) -> bool:
+        """Whether ``on_pull`` can ever say wait (SSP with a finite bound). ASP's reads never wait."""
+        return False
+
+    def clock_fields(self, ctx: PolicyContext) -> dict:
+        """Clock information every reply carries (SSP: ``min_clock``, ``staleness``). Defaults to none."""
+        return {}
+
+    def clock_of(self, worker: int) -> int | None:
+        """The clock the policy holds for ``worker``, told to it on reads (``None``: the policy keeps none)."""
+        return None
+
+    def aggregation_size(self) -> int:
+        """Gradient path: ``M``, the gradients whose sum is the step's mean (Keras scaled each loss by 1/M)."""
+        raise NotImplementedError(f"{self.name} does not aggregate gradients")
+
     # ------------------------------------------------------------ membership
     def on_join(self, worker: int, ctx: PolicyContext) -> None:
         """Called when ``worker`` is first heard from, or again after it left.

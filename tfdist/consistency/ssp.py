@@ -65,6 +65,13 @@ class SSPPolicy(ConsistencyPolicy):
     def on_push(self, worker: int, clock: int, ctx: PolicyContext) -> PushDecision:
         return PushDecision(PushAction.APPLY)
 
+    def read_may_wait(self) -> bool:
+        return not math.isinf(self.staleness)
+
+    def clock_fields(self, ctx: PolicyContext) -> dict:
+        return {"min_clock": self.min_clock(ctx),
+                "staleness": None if math.isinf(self.staleness) else int(self.staleness)}
+
     def on_pull(self, worker: int, clock: int, ctx: PolicyContext) -> PullDecision:
         if math.isinf(self.staleness):
             return PullDecision(False)
@@ -81,7 +88,7 @@ class SSPPolicy(ConsistencyPolicy):
         if others:
             self.clocks[worker] = max(self.clocks.get(worker, 0), min_clock(self.clocks, others))
 
-    def clock_of(self, worker: int) -> int:
+    def clock_of(self, worker: int) -> int | None:
         """The clock the PS holds for ``worker`` (adopted on join, then its own)."""
         return self.clocks.get(worker, 0)
 

@@ -85,6 +85,9 @@ class SyncReplicasPolicy(ConsistencyPolicy):
     def step_complete(self, contributors: frozenset[int], ctx: PolicyContext) -> bool:
         return len(contributors) >= self.required(contributors, ctx)
 
+    def aggregation_size(self) -> int:
+        return self.replicas_to_aggregate
+
     def spec(self) -> dict:
         return {"policy": self.name, "replicas_to_aggregate": self.replicas_to_aggregate}
 

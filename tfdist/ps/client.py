@@ -23,10 +23,10 @@ import numpy as np
 
 from tfdist import constants
 from tfdist.auth import token_metadata
-from tfdist.errors import AuthError, PSRejectedError, PSUnavailableError
+from tfdist.errors import AuthError, PSRejectedError, PSUnavailableError, PSWaitTimeoutError
 from tfdist.ps import memory, wire
-from tfdist.ps.server import METHODS as _METHODS
-from tfdist.ps.server import SERVICE
+from tfdist.ps.protocol import METHODS as _METHODS
+from tfdist.ps.protocol import SERVICE, method_of
 
 __all__ = ["PSClient"]
 
@@ -103,6 +103,17 @@ class PSClient:
                     "is the address right?"
                 ) from None
 
+    def request(self, ps: int, request: Any, timeout: float | None = None) -> Response:
+        """Sends one typed request (:mod:`tfdist.ps.protocol`) to one PS task."""
+        return self.call_many(method_of(request), {ps: request.to_wire()}, timeout)[ps]
+
+    def request_many(self, requests: Mapping[int, Any], timeout: float | None = None) -> dict[int, Response]:
+        """Typed requests of one kind, one per PS task, sent in parallel."""
+        if not requests:
+            return {}
+        method = method_of(next(iter(requests.values())))
+        return self.call_many(method, {ps: r.to_wire() for ps, r in requests.items()}, timeout)
+
     def call(self, ps: int, method: str, meta: Mapping[str, Any], tensors=None, timeout: float | None = None) -> Response:
         """One call to one PS task."""
         return self.call_many(method, {ps: (meta, tensors or {})}, timeout)[ps]
@@ -159,6 +170,8 @@ class PSClient:
         where = f"ps:{ps} at {self.addresses[ps]}"
         if code == grpc.StatusCode.UNAUTHENTICATED:
             return AuthError(f"{details} ({where})")
+        if code == grpc.StatusCode.ABORTED:  # the server's own bound on a policy wait: the PS is fine
+            return PSWaitTimeoutError(f"{details} ({where})")
         if code in _UNAVAILABLE:
             return PSUnavailableError(
                 f"{method} to {where} failed: {code.name} ({details}). The call's deadline was "

@@ -1,7 +1,8 @@
-"""gRPC front of one parameter-server task.
+"""gRPC front of one parameter-server task: protocol → store → policy.
 
-Methods (service ``tfdist.ParameterServer``; every request and response is a
-:mod:`tfdist.ps.wire` message): ``Init``, ``WaitInit``, ``Pull``, ``Push``,
+Methods (service ``tfdist.ParameterServer``; every request and reply is a
+:mod:`tfdist.ps.wire` message, every request one dataclass of
+:mod:`tfdist.ps.protocol`): ``Init``, ``WaitInit``, ``Pull``, ``Push``,
 ``PushPull`` (update path), ``PushGradients``, ``PutState`` (gradient path),
 ``SetExcluded`` (detected stragglers), ``Heartbeat``, ``Status`` (with
 ``{"brief": true}`` without the per-variable specs), ``Done``, ``Shutdown``,
@@ -11,37 +12,50 @@ The consistency policy arrives with the initialising worker's ``Init`` (the
 chief's strategy decides), so a PS task needs no user code and no mode
 setting; workers whose strategy differs are refused.
 
-Every call must carry the job token in metadata; requests are decoded and
-validated before the store is touched, and a refused request returns a gRPC
-error with a message that says what was wrong. Importing this module does not
-import TensorFlow.
+What the server guarantees (tested property by property in
+``tests/unit/test_protocol_properties.py``):
+
+* Every call carries the job token, checked before the request body is read
+  (:mod:`tfdist.grpc_service`); oversize messages are refused by gRPC.
+* Every request is parsed and validated whole before the store is touched,
+  and the store applies it all-or-nothing: a refused request changes nothing.
+  Refusals are counted in ``stats.rejected`` of ``Status`` (the server's
+  counter, not the store's state).
+* Every wait is bounded by the caller's deadline and by ``max_wait_s`` (the
+  job's RPC timeout), ends when the caller cancels or the server stops, and
+  at most ``max_waiters`` calls wait at once; the server keeps threads for
+  the calls that do not wait.
+* ``Done`` and ``Shutdown`` are honoured only from workers of the job; the
+  task stops by itself once every worker of the job is done
+  (``exit_when_done``).
+
+Importing this module does not import TensorFlow.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from concurrent import futures
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import grpc
+import numpy as np
 
 from tfdist import constants
-from tfdist.auth import check_token
-from tfdist.consistency import policy_from_spec
 from tfdist.consistency.base import ConsistencyPolicy
-from tfdist.errors import ConfigError, WireFormatError
-from tfdist.ps import memory, wire
-from tfdist.ps.placement import VariableSpec
-from tfdist.ps.store import ParameterStore, StoreError
+from tfdist.grpc_service import WireService
+from tfdist.ps import memory, protocol, wire
+from tfdist.ps.protocol import METHODS, SERVICE
+from tfdist.ps.store import ParameterStore
 
-__all__ = ["PSServer", "SERVICE", "METHODS", "load_tls_server_credentials"]
+__all__ = ["PSServer", "ParameterService", "SERVICE", "METHODS", "load_tls_server_credentials"]
 
 logger = logging.getLogger(__name__)
 
-SERVICE = "tfdist.ParameterServer"
-METHODS = ("Init", "WaitInit", "Pull", "Push", "PushPull", "PushGradients", "PutState", "SetExcluded",
-           "Heartbeat", "Status", "Done", "Shutdown", "Control")
+#: Seconds kept back from a caller's deadline so the answer reaches it in time.
+_MARGIN_S = 0.1
+#: Server threads kept for calls that never wait (heart-beats, pushes, status).
+_SPARE_THREADS = 8
 
 
 def load_tls_server_credentials(cert_path: str, key_path: str) -> grpc.ServerCredentials:
@@ -51,6 +65,120 @@ def load_tls_server_credentials(cert_path: str, key_path: str) -> grpc.ServerCre
     with open(key_path, "rb") as f:
         key = f.read()
     return grpc.ssl_server_credentials([(key, cert)])
+
+
+class ParameterService:
+    """What each RPC does, without gRPC: protocol → store.
+
+    :class:`PSServer` calls :meth:`handle` for every call; tests call it
+    in-process to drive the exact request path of a PS task.
+
+    Args:
+        store: The task's store.
+        task_index: This PS task's index (logs, ``Status``).
+        exit_when_done: Call ``on_stop`` once every worker of the job is done.
+        on_stop: Stops the task (``Done`` of the last worker, ``Shutdown``).
+    """
+
+    def __init__(self, store: ParameterStore, task_index: int = 0, exit_when_done: bool = False,
+                 on_stop: Callable[[], None] | None = None):
+        self.store = store
+        self.task_index = task_index
+        self.exit_when_done = exit_when_done
+        self._on_stop = on_stop
+        #: Requests refused (malformed, or refused by the store), by method.
+        self.rejected: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._rpcs = {name: getattr(self, f"_rpc_{name}") for name in METHODS}
+
+    def handle(self, method: str, meta: Any, tensors: Mapping[str, np.ndarray], budget: float | None = None,
+               cancelled: Callable[[], bool] = lambda: False):
+        """Parses, validates and applies one request.
+
+        Returns:
+            The reply: ``(meta, tensors)``, or bytes already encoded (reads
+            encode the values under the store lock).
+
+        Raises:
+            RequestError: the request was refused; nothing changed.
+        """
+        try:
+            request = protocol.parse(method, meta, tensors)
+            return self._rpcs[method](request, budget, cancelled)
+        except protocol.RequestError:
+            with self._lock:
+                self.rejected[method] = self.rejected.get(method, 0) + 1
+            raise
+
+    def call(self, method: str, tensors: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None,
+             **meta) -> tuple[dict, dict]:
+        """One in-process call (tests, experiments): ``call("Push", deltas, worker=1, clock=3)``.
+
+        Returns:
+            ``(meta, tensors)`` of the reply (encoded replies are decoded).
+        """
+        reply = self.handle(method, meta, tensors or {}, timeout)
+        return wire.decode(reply) if isinstance(reply, bytes) else reply
+
+    def _stop(self) -> None:
+        if self._on_stop is not None:
+            threading.Thread(target=self._on_stop, daemon=True).start()
+
+    # ------------------------------------------------------------------ RPCs
+    def _rpc_Init(self, req: protocol.InitRequest, budget, cancelled):
+        return self.store.init(req), {}
+
+    def _rpc_WaitInit(self, req: protocol.WaitInitRequest, budget, cancelled):
+        return self.store.wait_init(req, budget, cancelled), {}
+
+    def _rpc_Pull(self, req: protocol.PullRequest, budget, cancelled):
+        return self.store.read(req, lambda meta, values: wire.encode(meta, values), budget, cancelled)
+
+    def _rpc_Push(self, req: protocol.PushRequest, budget, cancelled):
+        return self.store.push(req, budget, cancelled), {}
+
+    def _rpc_PushPull(self, req: protocol.PushPullRequest, budget, cancelled):
+        def consume(meta, values, unchanged):  # encoded under the store lock (one copy)
+            if unchanged:
+                return wire.encode({**meta, "unchanged": True})
+            return wire.encode(meta, values)
+
+        return self.store.push_pull(req, consume, budget, cancelled)
+
+    def _rpc_PushGradients(self, req: protocol.PushGradientsRequest, budget, cancelled):
+        return self.store.push_gradients(req, budget, cancelled)
+
+    def _rpc_PutState(self, req: protocol.PutStateRequest, budget, cancelled):
+        return self.store.put_state(req), {}
+
+    def _rpc_SetExcluded(self, req: protocol.SetExcludedRequest, budget, cancelled):
+        return {"excluded": self.store.set_excluded(req.worker, req.excluded)}, {}
+
+    def _rpc_Heartbeat(self, req: protocol.HeartbeatRequest, budget, cancelled):
+        return {"live_workers": self.store.heartbeat(req.worker)}, {}
+
+    def _rpc_Status(self, req: protocol.StatusRequest, budget, cancelled):
+        status = self.store.status(brief=req.brief)
+        with self._lock:
+            status["stats"]["rejected"] = sum(self.rejected.values())
+        return {**status, "task_index": self.task_index, "num_workers": self.store.num_workers}, {}
+
+    def _rpc_Done(self, req: protocol.DoneRequest, budget, cancelled):
+        done = self.store.mark_done(req.worker)
+        n = self.store.num_workers
+        if self.exit_when_done and n and set(range(n)) <= done:
+            logger.info("ps:%d all %d workers are done; stopping", self.task_index, n)
+            self._stop()
+        return {"done_workers": sorted(done)}, {}
+
+    def _rpc_Control(self, req: protocol.ControlRequest, budget, cancelled):
+        return self.store.control(req), {}
+
+    def _rpc_Shutdown(self, req: protocol.ShutdownRequest, budget, cancelled):
+        self.store.check_member(req.worker)
+        logger.info("ps:%d shutdown requested by worker %d", self.task_index, req.worker)
+        self._stop()
+        return {"stopping": True}, {}
 
 
 class PSServer:
@@ -65,14 +193,20 @@ class PSServer:
         token: The job token every call must present; ``None`` disables the
             check (only for in-process use). Never logged.
         max_message_bytes: Largest request accepted. Defaults to 512 MiB.
-        num_workers: Training workers of the job; when all of them have sent
-            ``Done`` the server stops by itself (``exit_when_done``).
+        num_workers: Worker slots of the job (ids ``0 .. num_workers - 1``):
+            requests from other ids are refused, and when all of them have
+            sent ``Done`` the server stops by itself (``exit_when_done``).
+            ``None``: taken from the chief's ``Init``.
         heartbeat_timeout_s: See :class:`ParameterStore`.
         tls_credentials: Optional ``grpc.ServerCredentials`` for TLS.
         task_index: This PS task's index (for log lines).
         exit_when_done: Stop when all ``num_workers`` workers are done.
             Defaults to ``True``; elastic jobs turn it off (workers come and
             go; the launcher stops the PS at the end).
+        max_threads: Server threads. Defaults to enough for every worker to
+            wait on one call plus spares (at least 32).
+        max_wait_s: Longest any call waits on the server (set it to the job's
+            ``ps.rpc_timeout_s``). Defaults to 30 s.
         max_updates_per_s: See :class:`ParameterStore`.
         tune_malloc: Apply :func:`tfdist.ps.memory.tune_malloc` to this
             process. Defaults to ``True``.
@@ -90,63 +224,60 @@ class PSServer:
         tls_credentials: grpc.ServerCredentials | None = None,
         task_index: int = 0,
         exit_when_done: bool = True,
-        max_threads: int = 32,
+        max_threads: int | None = None,
         startup_grace_s: float = constants.DEFAULT_STARTUP_TIMEOUT_S,
         max_updates_per_s: float | None = None,
         tune_malloc: bool = True,
+        max_wait_s: float = constants.DEFAULT_RPC_TIMEOUT_S,
     ):
         if tune_malloc:
             memory.tune_malloc()
+        slots = num_workers or 12
+        max_waiters = slots + 4
+        if max_threads is None:
+            max_threads = max(32, max_waiters + slots + _SPARE_THREADS)
+        max_waiters = min(max_waiters, max(1, max_threads - slots - _SPARE_THREADS))
         self.store = ParameterStore(policy, heartbeat_timeout_s=heartbeat_timeout_s, startup_grace_s=startup_grace_s,
-                                    max_updates_per_s=max_updates_per_s)
-        self._token = token.encode() if token else None
+                                    max_updates_per_s=max_updates_per_s, num_workers=num_workers,
+                                    max_wait_s=max_wait_s, max_waiters=max_waiters)
         self.num_workers = num_workers
         self.task_index = task_index
         self.exit_when_done = exit_when_done
         self.max_message_bytes = max_message_bytes
-        self._stopped = threading.Event()
-        options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0),
-        ]
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_threads), options=options)
-        handlers = {
-            name: grpc.unary_unary_rpc_method_handler(self._wrap(name, getattr(self, f"_rpc_{name}")))
-            for name in METHODS
-        }
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        bind = f"{host}:{port}"
-        if tls_credentials is not None:
-            self.port = self._server.add_secure_port(bind, tls_credentials)
-        else:
-            self.port = self._server.add_insecure_port(bind)
-        if self.port == 0:
-            raise OSError(f"Could not bind the parameter server to {bind} (is the port in use?).")
+        self.service = ParameterService(self.store, task_index, exit_when_done, on_stop=lambda: self.stop(0.5))
+        handlers = {name: self._handler(name) for name in METHODS}
+        self._service = WireService(
+            SERVICE, handlers, what=f"parameter server ps:{task_index}", token=token,
+            how_to_fix_token=f"set {constants.ENV_TOKEN} (or security.token) to this job's token",
+            host=host, port=port, max_message_bytes=max_message_bytes, max_threads=max_threads,
+            tls_credentials=tls_credentials,
+        )
+        self.port = self._service.port
         self.host = host
-        self.address = f"{'127.0.0.1' if host in ('[::]', '0.0.0.0') else host}:{self.port}"
+        self.address = self._service.address
 
     # --------------------------------------------------------------- control
     def start(self) -> "PSServer":
-        self._server.start()
+        self._service.start()
         logger.info(
-            "ps:%d serving on %s (policy=%s, max_message_bytes=%d, auth=%s)",
+            "ps:%d serving on %s (policy=%s, workers=%s, max_message_bytes=%d, auth=%s)",
             self.task_index,
-            self.address,
+            self._service.listen_description,
             self.store.policy.name if self.store.policy else "chosen by the chief",
+            self.num_workers if self.num_workers is not None else "from the chief",
             self.max_message_bytes,
-            "token" if self._token else "none",
+            "token" if self._service.authenticated else "none",
         )
         return self
 
     def stop(self, grace: float | None = 1.0) -> None:
-        if not self._stopped.is_set():
-            self._stopped.set()
-            self._server.stop(grace)
+        """Stops serving (idempotent): waiting calls are released, others get ``grace`` seconds."""
+        self.store.close()
+        self._service.stop(grace)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the server is stopped; True if it was."""
-        return self._stopped.wait(timeout)
+        return self._service.wait(timeout)
 
     def __enter__(self) -> "PSServer":
         return self.start()
@@ -155,135 +286,12 @@ class PSServer:
         self.stop(0)
 
     # ------------------------------------------------------------- plumbing
-    def _wrap(self, name: str, fn: Callable[[dict, dict, grpc.ServicerContext], tuple[dict, dict]]):
-        def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
-            self._authenticate(context)
-            try:
-                meta, tensors = wire.decode(request)
-            except WireFormatError as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {e}")
-            try:
-                result = fn(meta, tensors, context)
-                if isinstance(result, bytes):  # already encoded (pulls)
-                    return result
-                return wire.encode(*result)
-            except StoreError as e:
-                context.abort(getattr(grpc.StatusCode, e.grpc_code), f"{name} refused: {e}")
-            except (KeyError, TypeError, ValueError) as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: malformed request ({type(e).__name__}: {e}).")
+    def _handler(self, name: str):
+        service = self.service
 
-        return handler
+        def handle(meta, tensors, context: grpc.ServicerContext):
+            remaining = context.time_remaining()
+            budget = None if remaining is None else max(remaining - _MARGIN_S, 0.0)
+            return service.handle(name, meta, tensors, budget, lambda: not context.is_active())
 
-    def _authenticate(self, context: grpc.ServicerContext) -> None:
-        check_token(context, self._token, "the parameter server",
-                    f"set {constants.ENV_TOKEN} (or security.token) to this job's token")
-
-    @staticmethod
-    def _timeout(context: grpc.ServicerContext) -> float | None:
-        remaining = context.time_remaining()
-        return None if remaining is None else max(remaining - 0.05, 0.0)
-
-    # ------------------------------------------------------------------ RPCs
-    @staticmethod
-    def _policy(meta) -> ConsistencyPolicy | None:
-        spec = meta.get("policy")
-        if spec is None:
-            return None
-        try:
-            return policy_from_spec(spec, int(meta.get("num_workers") or 1))
-        except ConfigError as e:
-            raise StoreError(str(e)) from e
-
-    def _rpc_Init(self, meta, tensors, context):
-        specs = [VariableSpec.from_dict(d) for d in meta["specs"]]
-        created = self.store.init(
-            int(meta["worker"]), specs, tensors, policy=self._policy(meta),
-            num_workers=meta.get("num_workers"), step=int(meta.get("step", 0)),
-        )
-        return {"initialized_here": created, "version": self.store.version,
-                "global_step": self.store.global_step}, {}
-
-    def _rpc_WaitInit(self, meta, tensors, context):
-        if meta.get("worker") is not None:
-            self.store.rejoin(int(meta["worker"]))
-        timeout = float(meta.get("timeout_s", 0.0))
-        budget = self._timeout(context)
-        ready = self.store.wait_initialized(min(timeout, budget) if budget is not None else timeout)
-        if ready and meta.get("specs") is not None:
-            self.store.check_compatible([VariableSpec.from_dict(d) for d in meta["specs"]], self._policy(meta))
-        return {"initialized": ready, "version": self.store.version, "global_step": self.store.global_step}, {}
-
-    def _pull(self, meta, context, extra: dict | None = None, unchanged_at: int | None = None) -> bytes:
-        """Encodes the requested values under the store lock (one copy).
-
-        With ``unchanged_at``, a read that finds the store still at that
-        version answers ``unchanged: True`` without the values (the caller
-        knows them: see :class:`tfdist.ps.session.WorkerSession`).
-        """
-        keys = meta.get("keys")
-        worker, clock = int(meta.get("worker", -1)), int(meta.get("clock", 0))
-        min_state_step = meta.get("min_state_step")
-
-        def consume(info: dict, values: dict) -> bytes:
-            if unchanged_at is not None and info["version"] == unchanged_at:
-                return wire.encode({**info, **(extra or {}), "unchanged": True})
-            return wire.encode({**info, **(extra or {})}, values)
-
-        return self.store.read(worker, clock, keys, consume, timeout=self._timeout(context),
-                               min_state_step=None if min_state_step is None else int(min_state_step))
-
-    def _push(self, meta, tensors, context) -> dict:
-        loss = meta.get("loss")
-        return self.store.push(int(meta["worker"]), int(meta.get("clock", 0)), tensors,
-                               timeout=self._timeout(context), loss=None if loss is None else float(loss),
-                               steps=meta.get("steps", 1))
-
-    def _rpc_Pull(self, meta, tensors, context):
-        return self._pull(meta, context)
-
-    def _rpc_Push(self, meta, tensors, context):
-        return self._push(meta, tensors, context), {}
-
-    def _rpc_PushPull(self, meta, tensors, context):
-        result = self._push(meta, tensors, context)
-        # "base_version": the version the worker's snapshot holds. If this push
-        # landed right on it and nothing landed after it by the time of the
-        # read, the values are snapshot + delta, which the worker computes.
-        base = meta.get("base_version")
-        unchanged_at = None
-        if base is not None and result.get("applied") and result.get("previous_version") == int(base):
-            unchanged_at = result["version"]
-        return self._pull(meta, context, {"push": result}, unchanged_at=unchanged_at)
-
-    def _rpc_PushGradients(self, meta, tensors, context):
-        return self.store.push_gradients(int(meta["worker"]), int(meta["step"]), tensors, timeout=self._timeout(context))
-
-    def _rpc_PutState(self, meta, tensors, context):
-        return self.store.put_state(int(meta["worker"]), int(meta["step"]), tensors), {}
-
-    def _rpc_SetExcluded(self, meta, tensors, context):
-        return {"excluded": self.store.set_excluded(int(meta["worker"]), meta["excluded"])}, {}
-
-    def _rpc_Heartbeat(self, meta, tensors, context):
-        return {"live_workers": self.store.heartbeat(int(meta["worker"]))}, {}
-
-    def _rpc_Status(self, meta, tensors, context):
-        status = self.store.status(brief=bool(meta.get("brief", False)))  # brief: no per-variable specs
-        return {**status, "task_index": self.task_index, "num_workers": self.num_workers}, {}
-
-    def _rpc_Done(self, meta, tensors, context):
-        done = self.store.mark_done(int(meta["worker"]))
-        if self.exit_when_done and self.num_workers and len(done) >= self.num_workers:
-            logger.info("ps:%d all %d workers are done; stopping", self.task_index, self.num_workers)
-            threading.Thread(target=self.stop, args=(0.5,), daemon=True).start()
-        return {"done_workers": sorted(done)}, {}
-
-    def _rpc_Control(self, meta, tensors, context):
-        total = meta.get("total_batches")
-        return self.store.control(drain=meta.get("drain"), undrain=meta.get("undrain"), gone=meta.get("gone"),
-                                  total_batches=None if total is None else int(total)), {}
-
-    def _rpc_Shutdown(self, meta, tensors, context):
-        logger.info("ps:%d shutdown requested", self.task_index)
-        threading.Thread(target=self.stop, args=(0.5,), daemon=True).start()
-        return {"stopping": True}, {}
+        return handle

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +33,17 @@ from tfdist.consistency.ssp import cache_is_fresh_enough
 from tfdist.errors import PSRejectedError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec
+from tfdist.ps.protocol import (
+    InitRequest,
+    PullRequest,
+    PushGradientsRequest,
+    PushPullRequest,
+    PushRequest,
+    PutStateRequest,
+    SetExcludedRequest,
+    StatusRequest,
+    WaitInitRequest,
+)
 
 __all__ = ["WorkerSession"]
 
@@ -61,6 +73,8 @@ class WorkerSession:
             since then answers "unchanged" instead of sending the values back,
             and the worker computes them (snapshot + its delta, the same
             float additions the PS made). Defaults to ``True``.
+        nonfinite: What the PS does with NaN/Inf values: ``"refuse"``
+            (default) or ``"allow"``; the chief's choice holds for the job.
     """
 
     def __init__(
@@ -75,8 +89,12 @@ class WorkerSession:
         policy_spec: dict | None = None,
         num_workers: int = 1,
         conditional_pull: bool = True,
+        nonfinite: str = "refuse",
     ):
         self.client = client
+        self.nonfinite = nonfinite
+        #: Whether a push and the following read may travel as one PushPull (reads that never wait: ASP).
+        self.push_pull = True
         self.conditional_pull = conditional_pull
         self.policy_spec = policy_spec or {"policy": "async"}
         self.num_workers = num_workers
@@ -126,7 +144,8 @@ class WorkerSession:
                 out[spec.key] = np.concatenate([found[s.key] for s in shards], axis=0)
         return out
 
-    def _spec_meta(self, ps: int) -> list[dict]:
+    def _shard_specs(self, ps: int) -> tuple[VariableSpec, ...]:
+        """The variables (or row pieces) PS task ``ps`` holds, as it sees them."""
         out = []
         for shard in self.plan.shards:
             if shard.ps != ps:
@@ -135,8 +154,8 @@ class WorkerSession:
             shape = list(spec.shape)
             if shard.rows is not None:
                 shape[0] = shard.rows[1] - shard.rows[0]
-            out.append({"key": shard.key, "dtype": spec.dtype, "shape": shape, "trainable": spec.trainable})
-        return out
+            out.append(VariableSpec(shard.key, spec.dtype, tuple(shape), spec.trainable))
+        return tuple(out)
 
     # ---------------------------------------------------------- protocol
     def initialize(self, local_values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
@@ -150,11 +169,11 @@ class WorkerSession:
         if self.is_chief:
             parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
             requests = {
-                ps: ({"worker": self.worker_id, "specs": self._spec_meta(ps), "policy": self.policy_spec,
-                      "num_workers": self.num_workers}, parts[ps])
+                ps: InitRequest(self.worker_id, self._shard_specs(ps), parts[ps], self.policy_spec,
+                                self.num_workers, nonfinite=self.nonfinite)
                 for ps in range(self.plan.num_ps)
             }
-            replies = self.client.call_many("Init", requests)
+            replies = self.client.request_many(requests)
             fresh = all(meta["initialized_here"] for meta, _ in replies.values())
             if fresh:
                 self._snapshot = {k: np.array(v, copy=True) for k, v in local_values.items()}
@@ -177,10 +196,10 @@ class WorkerSession:
                             "Is the chief (or worker 0) running?"
                         )
                     wait = min(remaining, 10.0)
-                    meta, _ = self.client.call(
-                        ps, "WaitInit",
-                        {"timeout_s": wait, "specs": self._spec_meta(ps), "policy": self.policy_spec,
-                         "num_workers": self.num_workers, "worker": self.worker_id},
+                    meta, _ = self.client.request(
+                        ps,
+                        WaitInitRequest(self.worker_id if self.worker_id >= 0 else None, wait,
+                                        self._shard_specs(ps), self.policy_spec, self.num_workers),
                         timeout=wait + 5.0,
                     )
                     if meta["initialized"]:
@@ -199,11 +218,10 @@ class WorkerSession:
                 this recent.
         """
         start = time.perf_counter()
-        meta = {"worker": self.worker_id, "clock": self.clock if clock is None else clock}
-        if min_state_step is not None:
-            meta["min_state_step"] = min_state_step
-        replies = self.client.call_many(
-            "Pull", {ps: ({**meta, "keys": self.plan.keys_on(ps)}, {}) for ps in range(self.plan.num_ps)}
+        clock = self.clock if clock is None else clock
+        replies = self.client.request_many(
+            {ps: PullRequest(self.worker_id, clock, tuple(self.plan.keys_on(ps)), min_state_step)
+             for ps in range(self.plan.num_ps)}
         )
         values = self._absorb(replies)
         self.stats["pulls"] += 1
@@ -223,12 +241,18 @@ class WorkerSession:
         base = self._base if self._base is not None else self._snapshot
         deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
         parts = self._split(deltas)
-        requests = self._push_requests(parts, self.clock + 1, loss, pull, steps)
-        replies = self.client.call_many("PushPull" if pull else "Push", requests)
+        requests = self._push_requests(parts, self.clock + 1, loss, pull and self.push_pull, steps)
+        replies = self.client.request_many(requests)
         self.stats["bytes_pushed"] += sum(d.nbytes for d in deltas.values())
         self.clock += 1
         self.stats["syncs"] += 1
-        if pull:
+        if pull and not self.push_pull:  # reads may wait (SSP): the push, then a read at the next clock
+            self._note(replies)
+            replies = self.client.request_many(
+                {ps: PullRequest(self.worker_id, self.clock, tuple(self.plan.keys_on(ps)))
+                 for ps in range(self.plan.num_ps)})
+            values = self._absorb(replies)
+        elif pull:
             values = self._absorb(replies, pushed=parts)
         else:
             self._snapshot = {k: np.array(current[k], copy=True) for k in self._snapshot}
@@ -238,18 +262,19 @@ class WorkerSession:
         self.stats["sync_seconds"] += time.perf_counter() - start
         return values
 
-    def _push_requests(self, parts, clock: int, loss: float | None, pull: bool, steps: int = 1) -> dict:
-        meta = {"worker": self.worker_id, "clock": clock}
-        if loss is not None:
-            meta["loss"] = float(loss)
-        if steps != 1:
-            meta["steps"] = int(steps)
+    def _push_requests(self, parts, clock: int, loss: float | None, pull: bool, steps: int = 1,
+                       version: Sequence[int] | None = None) -> dict:
+        """One Push (or PushPull, when ``pull``) per PS task; a non-finite loss is not reported."""
+        loss = float(loss) if loss is not None and math.isfinite(loss) else None
+        version = self.version if version is None else version
         requests = {}
         for ps in range(self.plan.num_ps):
-            m = {**meta, "keys": self.plan.keys_on(ps)}
-            if pull and self.conditional_pull:
-                m["base_version"] = self.version[ps]
-            requests[ps] = (m, parts[ps])
+            push = PushRequest(self.worker_id, clock, parts[ps], loss, int(steps))
+            if pull:
+                base = version[ps] if self.conditional_pull else None
+                requests[ps] = PushPullRequest(push, tuple(self.plan.keys_on(ps)), base)
+            else:
+                requests[ps] = push
         return requests
 
     def _note(self, replies) -> None:
@@ -294,11 +319,13 @@ class WorkerSession:
 
     def set_excluded(self, excluded) -> None:
         """Tells every PS task which detected stragglers barriers should not wait for."""
-        self.client.call_all("SetExcluded", {"worker": self.worker_id, "excluded": sorted(int(w) for w in excluded)})
+        request = SetExcludedRequest(self.worker_id, frozenset(int(w) for w in excluded))
+        self.client.request_many({ps: request for ps in range(self.plan.num_ps)})
 
     def status(self) -> list[dict]:
         """Status of every PS task (version, live workers, counters)."""
-        return [meta for _, (meta, _) in sorted(self.client.call_all("Status", {}).items())]
+        replies = self.client.request_many({ps: StatusRequest() for ps in range(self.plan.num_ps)})
+        return [meta for _, (meta, _) in sorted(replies.items())]
 
     # ----------------------------------------------------------- liveness
     def _start_heartbeat(self) -> None:
@@ -347,6 +374,7 @@ class UpdateSession(WorkerSession):
         super().__init__(*args, **kwargs)
         self.staleness = staleness
         self.refresh_every_step = refresh_every_step
+        self.push_pull = math.isinf(staleness)
         self._exchange: Future | None = None
         self._exchange_thread: ThreadPoolExecutor | None = None
         self.cache_min_clock = 0
@@ -463,17 +491,7 @@ class UpdateSession(WorkerSession):
         # the same float additions the PS makes.
         expected = {k: np.add(snapshot[k], d) for k, d in deltas.items()}
         parts = self._split(deltas)
-        requests = {}
-        for ps in range(self.plan.num_ps):
-            meta = {"worker": self.worker_id, "clock": clock, "keys": self.plan.keys_on(ps)}
-            if loss is not None:
-                meta["loss"] = float(loss)
-            if steps != 1:
-                meta["steps"] = int(steps)
-            if self.conditional_pull:
-                meta["base_version"] = version[ps]
-            requests[ps] = (meta, parts[ps])
-        replies = self.client.call_many("PushPull", requests)
+        replies = self.client.request_many(self._push_requests(parts, clock, loss, True, steps, version))
         shards, expected_parts, changed = {}, None, set()
         for ps, (meta, tensors) in replies.items():
             if meta.get("unchanged"):
@@ -571,10 +589,8 @@ class GradientSession(WorkerSession):
         start = time.perf_counter()
         parts = self._split({k: np.asarray(v) for k, v in grads.items()})
         step = self.global_step
-        replies = self.client.call_many(
-            "PushGradients",
-            {ps: ({"worker": self.worker_id, "step": step}, parts[ps]) for ps in range(self.plan.num_ps)},
-        )
+        replies = self.client.request_many(
+            {ps: PushGradientsRequest(self.worker_id, step, parts[ps]) for ps in range(self.plan.num_ps)})
         metas = {ps: meta for ps, (meta, _) in replies.items()}
         self._note_membership(list(metas.values()))
         self.stats["bytes_pushed"] += sum(g.nbytes for g in grads.values())
@@ -619,10 +635,8 @@ class GradientSession(WorkerSession):
         if not self._write_state_on:
             return None
         parts = self._split({k: np.asarray(v) for k, v in state.items()})
-        self.client.call_many(
-            "PutState",
-            {ps: ({"worker": self.worker_id, "step": self.global_step}, parts[ps]) for ps in self._write_state_on},
-        )
+        self.client.request_many(
+            {ps: PutStateRequest(self.worker_id, self.global_step, parts[ps]) for ps in self._write_state_on})
         self.stats["state_writes"] += 1
         self._write_state_on = []
         return None

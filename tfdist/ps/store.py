@@ -1,56 +1,100 @@
 """The parameter store of one PS task: values, validation, policy and liveness.
 
-No sockets here: the gRPC server (``tfdist.ps.server``) decodes requests and
-calls these methods, which makes the store testable in-process. Every
-mutation validates the whole request first and then applies all of it under
-one lock, so a rejected request leaves the values exactly as they were.
+No sockets here: the gRPC server (``tfdist.ps.server``) parses every request
+into a typed request of :mod:`tfdist.ps.protocol` and calls these methods,
+which makes the store testable in-process. Every method checks the whole
+request against the store's state first (initialised, a worker of the job,
+known variables, dtypes and shapes, finite values, the exchange path) and
+only then changes anything, under one lock: a refused request leaves the
+store exactly as it was (values, versions, clocks, membership, the done set,
+counters). Refusals raise :class:`StoreError`.
 
 Two exchange paths (see :mod:`tfdist.consistency.base`):
 
 * update path — :meth:`push` adds deltas, :meth:`read` serves values once
-  the policy lets the reader start its clock;
+  the policy lets the reader start its clock, :meth:`push_pull` does both in
+  one call for policies whose reads never wait (ASP);
 * gradient path — :meth:`push_gradients` accumulates gradients for the
   current global step, completes the step when the policy says so, and
   answers every contributor (and late, dropped ones) with the step's
   aggregate; :meth:`put_state` / :meth:`read` keep the canonical state
   snapshot (weights, optimizer slots, counters) for workers that resync.
 
+Waits are bounded: by the caller's budget, by ``max_wait_s`` (the job's RPC
+timeout), by the caller going away (``cancelled``) and by :meth:`close`. At
+most ``max_waiters`` calls wait at once (gradient contributors, at most one
+per worker, are not counted); more are refused at once with
+``RESOURCE_EXHAUSTED``, so stuck callers never take every server thread.
+
 Membership: a worker is live while it heart-beats within the timeout and has
 not said it is done. Workers the job expects but that have not appeared yet
 count as live (clock 0) for ``startup_grace_s`` after initialisation, so the
-first steps wait for a slow starter instead of racing ahead.
+first steps wait for a slow starter instead of racing ahead. Only workers of
+the job (ids ``0 .. num_workers - 1``) are heard.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
+from tfdist.consistency import policy_from_spec
 from tfdist.consistency.base import ConsistencyPolicy, GradientAction, PolicyContext, PushAction
-from tfdist.errors import PSRejectedError
 from tfdist.ps.placement import VariableSpec
+from tfdist.ps.protocol import (
+    ControlRequest,
+    InitRequest,
+    PullRequest,
+    PushGradientsRequest,
+    PushPullRequest,
+    PushRequest,
+    PutStateRequest,
+    RequestError,
+    WaitInitRequest,
+    short,
+)
 
-__all__ = ["ParameterStore", "StoreError"]
+__all__ = ["ParameterStore", "StoreError", "all_finite"]
 
 logger = logging.getLogger(__name__)
 
 #: Completed steps whose aggregates are kept for workers that arrive late.
 AGGREGATE_HISTORY = 8
 
+#: gRPC status of a consistency-policy wait that ran out of time (the PS itself is fine).
+WAIT_TIMEOUT_CODE = "ABORTED"
 
-class StoreError(PSRejectedError):
-    """A request the store refuses; ``grpc_code`` names the gRPC status."""
+Cancelled = Callable[[], bool]
 
-    grpc_code = "INVALID_ARGUMENT"
 
-    def __init__(self, message: str, grpc_code: str | None = None):
-        super().__init__(message)
-        if grpc_code:
-            self.grpc_code = grpc_code
+def _never() -> bool:
+    return False
+
+
+class StoreError(RequestError):
+    """A request the store refuses; ``grpc_code`` names the gRPC status. Nothing was changed."""
+
+
+def all_finite(value: np.ndarray) -> bool:
+    """Whether every element of ``value`` is finite (integers always are).
+
+    A float sum is finite only if every element is (NaN and Inf propagate),
+    so one reduction decides the usual case; only a sum that overflowed
+    needs the element-wise check.
+    """
+    if value.dtype.kind in "iub" or value.size == 0:
+        return True
+    if value.dtype.kind != "f":  # bfloat16 (ml_dtypes)
+        value = value.astype(np.float32)
+    with np.errstate(all="ignore"):
+        if math.isfinite(float(np.add.reduce(value, axis=None))):
+            return True
+    return bool(np.isfinite(value).all())
 
 
 class ParameterStore:
@@ -64,6 +108,13 @@ class ParameterStore:
         time_fn: Monotonic clock; tests pass a fake one.
         max_updates_per_s: Apply at most this many pushes/gradients per
             second (emulates a PS of limited capacity); ``None``: no cap.
+        num_workers: Worker slots of the job (ids ``0 .. num_workers - 1``);
+            requests from other ids are refused. ``None``: taken from the
+            initialising worker's ``Init``.
+        max_wait_s: Longest any call waits (the job's RPC timeout). Defaults
+            to 30 s.
+        max_waiters: Most calls waiting at once, gradient contributors aside.
+            Defaults to ``num_workers + 4`` (16 while unknown).
 
     Elastic membership: a worker is *live* while it heart-beats; a worker
     heard from for the first time (or again after it left) is announced to
@@ -80,16 +131,25 @@ class ParameterStore:
         startup_grace_s: float = 120.0,
         time_fn: Callable[[], float] = time.monotonic,
         max_updates_per_s: float | None = None,
+        num_workers: int | None = None,
+        max_wait_s: float = 30.0,
+        max_waiters: int | None = None,
     ):
         self.policy = policy
         self.max_updates_per_s = max_updates_per_s
         self._next_slot = 0.0
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.startup_grace_s = startup_grace_s
+        self.num_workers = num_workers
+        self.max_wait_s = max_wait_s
+        self.max_waiters = max_waiters if max_waiters is not None else (num_workers or 12) + 4
+        self._waiters = 0
+        self._closing = False
         self._time = time_fn
         self._cond = threading.Condition()
         self._values: dict[str, np.ndarray] = {}
         self._specs: dict[str, VariableSpec] = {}
+        self.nonfinite = "refuse"
         self.version = 0
         self.initialized_by: int | None = None
         self._init_time = 0.0
@@ -112,7 +172,7 @@ class ParameterStore:
         self._history: dict[int, tuple[dict[str, np.ndarray], int]] = {}  # step -> (aggregate, closer)
         self.state_step = 0
         self.stats = {
-            "pushes": 0, "pulls": 0, "dropped": 0, "rejected": 0, "bytes_in": 0, "bytes_out": 0,
+            "pushes": 0, "pulls": 0, "dropped": 0, "bytes_in": 0, "bytes_out": 0,
             "waits": 0, "aggregations": 0, "gradients_aggregated": 0, "state_writes": 0,
         }
 
@@ -121,80 +181,77 @@ class ParameterStore:
     def initialized(self) -> bool:
         return self.initialized_by is not None
 
-    def init(
-        self,
-        worker: int,
-        specs: list[VariableSpec],
-        values: Mapping[str, np.ndarray],
-        policy: ConsistencyPolicy | None = None,
-        num_workers: int | None = None,
-        step: int = 0,
-    ) -> bool:
-        """Stores the initial values (and policy) unless already initialised.
+    def init(self, req: InitRequest) -> dict[str, Any]:
+        """Stores the initial values, policy and non-finite policy unless already initialised.
 
         Returns:
-            True if this call initialised the store; False if it already was
-            (the caller should then pull). Specs and policy are checked
-            either way.
+            ``initialized_here`` True if this call initialised the store;
+            False if it already was (the caller should then pull). Specs and
+            policy are checked either way.
         """
-        self._validate_specs(specs, values)
+        self._check_finite(req.values, req.worker, "initial value", req.nonfinite)
         with self._cond:
-            self.done_workers.discard(worker)
-            self._touch(worker)
+            self._check_member(req.worker, req.num_workers)
             if self.initialized:
-                self._check_same_specs(specs)
-                self._check_same_policy(policy)
-                return False
-            if policy is not None:
-                self.policy = policy
-            if self.policy is None:
+                self._check_same_specs(req.specs)
+                self._check_same_policy(req.policy)
+                self.done_workers.discard(req.worker)
+                self._touch(req.worker)
+                return {"initialized_here": False, "version": self.version, "global_step": self.global_step}
+            policy = self.policy
+            if req.policy is not None:
+                policy = policy_from_spec(req.policy, req.num_workers or 1)  # parse validated the spec
+            if policy is None:
                 raise StoreError("No consistency policy: the initialising worker must send one.")
-            self._specs = {s.key: s for s in specs}
-            self._values = {s.key: np.array(values[s.key], dtype=values[s.key].dtype, copy=True) for s in specs}
+            # -- every check passed: apply
+            self.policy = policy
+            if self.num_workers is None and req.num_workers is not None:
+                self.num_workers = req.num_workers
+            self.nonfinite = req.nonfinite
+            self._specs = {s.key: s for s in req.specs}
+            self._values = {s.key: np.array(req.values[s.key], copy=True) for s in req.specs}
             self.version = 1
-            self.global_step = self.state_step = step
-            self.initialized_by = worker
+            self.global_step = self.state_step = req.step
+            self.initialized_by = req.worker
             self._init_time = self._time()
-            self._expected = set(range(num_workers or 0))
+            self._expected = set(range(req.num_workers or 0))
+            self.done_workers.discard(req.worker)
+            self._touch(req.worker)
             self.policy.on_step_boundary(self._ctx())
             self._cond.notify_all()
-        total = sum(s.nbytes for s in specs)
-        logger.info("initialised by worker %d: %d variables, %d bytes, policy %s",
-                    worker, len(specs), total, self.policy.spec())
-        return True
+        total = sum(s.nbytes for s in req.specs)
+        logger.info("initialised by worker %d: %d variables, %d bytes, policy %s, non-finite values: %s",
+                    req.worker, len(req.specs), total, self.policy.spec(), self.nonfinite)
+        return {"initialized_here": True, "version": self.version, "global_step": self.global_step}
 
-    def wait_initialized(self, timeout: float) -> bool:
-        """Blocks until initialised or ``timeout`` seconds pass."""
+    def wait_init(self, req: WaitInitRequest, timeout: float | None = None, cancelled: Cancelled = _never
+                  ) -> dict[str, Any]:
+        """Waits (bounded) until initialised; then checks the caller's specs/policy and re-admits it."""
         with self._cond:
-            return self._cond.wait_for(lambda: self.initialized, timeout=max(timeout, 0.0))
+            if req.worker is not None:
+                self._check_member(req.worker, req.num_workers)
+            if not self.initialized:
+                budget = req.timeout_s if timeout is None else min(req.timeout_s, timeout)
+                try:
+                    self._wait_for(lambda: _Wait(not self.initialized, "not initialised yet"), budget,
+                                   "initialise", cancelled)
+                except StoreError as e:
+                    if e.grpc_code != WAIT_TIMEOUT_CODE:
+                        raise
+                    return {"initialized": False, "version": self.version, "global_step": self.global_step}
+            if req.specs is not None:
+                self._check_same_specs(req.specs)
+            self._check_same_policy(req.policy)
+            if req.worker is not None:  # a worker (re)starts a session: it may come back after it said Done
+                self.done_workers.discard(req.worker)
+                self.draining.discard(req.worker)
+            return {"initialized": True, "version": self.version, "global_step": self.global_step}
 
     def specs(self) -> list[VariableSpec]:
         with self._cond:
             return list(self._specs.values())
 
-    def check_compatible(self, specs: list[VariableSpec], policy: ConsistencyPolicy | None) -> None:
-        """Raises if ``specs`` or the policy differ from what the store holds."""
-        with self._cond:
-            self._check_same_specs(specs)
-            self._check_same_policy(policy)
-
-    @staticmethod
-    def _validate_specs(specs: list[VariableSpec], values: Mapping[str, np.ndarray]) -> None:
-        keys = [s.key for s in specs]
-        if len(set(keys)) != len(keys):
-            raise StoreError(f"Duplicate variable keys in init: {sorted(k for k in set(keys) if keys.count(k) > 1)}.")
-        if set(keys) != set(values):
-            missing = sorted(set(keys) - set(values))
-            extra = sorted(set(values) - set(keys))
-            raise StoreError(f"Init values do not match specs: missing {missing}, unexpected {extra}.")
-        for s in specs:
-            v = values[s.key]
-            if v.dtype.name != s.dtype or tuple(v.shape) != tuple(s.shape):
-                raise StoreError(
-                    f"Init value of {s.key!r} is {v.dtype.name}{list(v.shape)}, spec says {s.dtype}{list(s.shape)}."
-                )
-
-    def _check_same_specs(self, specs: list[VariableSpec]) -> None:
+    def _check_same_specs(self, specs: Iterable[VariableSpec]) -> None:
         theirs = {s.key: s for s in specs}
         if theirs != self._specs:
             diff = sorted(
@@ -202,20 +259,29 @@ class ParameterStore:
             )[:4]
             raise StoreError(
                 "This worker's variables differ from the ones the parameter servers "
-                f"were initialised with (first differences: {diff}). Every worker must "
+                f"were initialised with (first differences: {short(diff, 300)}). Every worker must "
                 "build the same model, creating variables in the same order.",
                 grpc_code="FAILED_PRECONDITION",
             )
 
-    def _check_same_policy(self, policy: ConsistencyPolicy | None) -> None:
-        if policy is not None and self.policy is not None and policy.spec() != self.policy.spec():
+    def _check_same_policy(self, spec: dict | None) -> None:
+        if spec is not None and self.policy is not None and spec != self.policy.spec():
             raise StoreError(
-                f"This worker uses consistency {policy.spec()}, but the job runs {self.policy.spec()} "
+                f"This worker uses consistency {spec}, but the job runs {self.policy.spec()} "
                 "(chosen by the chief). Use the same strategy settings on every worker.",
                 grpc_code="FAILED_PRECONDITION",
             )
 
     # ------------------------------------------------------------ validation
+    def _check_member(self, worker: int, claimed_num_workers: int | None = None) -> None:
+        n = self.num_workers if self.num_workers is not None else claimed_num_workers
+        if worker < 0 or (n is not None and worker >= n):
+            raise StoreError(
+                f"Worker {worker} is not a worker of this job (its workers are 0..{(n or 1) - 1}). "
+                "Check the task's worker id and the cluster config every task uses.",
+                grpc_code="PERMISSION_DENIED",
+            )
+
     def _require_initialized(self) -> None:
         if not self.initialized:
             raise StoreError(
@@ -224,38 +290,43 @@ class ParameterStore:
                 grpc_code="FAILED_PRECONDITION",
             )
 
-    def _validate_keys(self, keys: Iterable[str]) -> None:
+    def _check_keys(self, keys: Iterable[str]) -> None:
         unknown = [k for k in keys if k not in self._values]
         if unknown:
-            known = list(self._values)[:8]
+            known = list(self._values)[:4]
             raise StoreError(
-                f"Unknown variable(s) {unknown[:8]} on this parameter server. "
-                f"It holds {len(self._values)} variables, e.g. {known}.",
+                f"Unknown variable(s) {short(unknown[:4], 200)} on this parameter server. "
+                f"It holds {len(self._values)} variables, e.g. {short(known, 200)}.",
                 grpc_code="NOT_FOUND",
             )
 
-    def _validate_tensors(self, tensors: Mapping[str, np.ndarray], trainable_only: bool = False) -> None:
-        self._validate_keys(tensors)
+    def _check_tensors(self, tensors: Mapping[str, np.ndarray], trainable_only: bool = False) -> None:
+        self._check_keys(tensors)
         for key, value in tensors.items():
             spec = self._specs[key]
             if trainable_only and not spec.trainable:
-                raise StoreError(f"{key!r} is not trainable: gradients cannot be pushed for it.")
+                raise StoreError(f"{short(key)} is not trainable: gradients cannot be pushed for it.")
             if value.dtype.name != spec.dtype:
                 raise StoreError(
-                    f"Wrong dtype for {key!r}: received {value.dtype.name}, the variable is {spec.dtype}."
+                    f"Wrong dtype for {short(key)}: received {value.dtype.name}, the variable is {spec.dtype}."
                 )
             if tuple(value.shape) != tuple(spec.shape):
                 raise StoreError(
-                    f"Wrong shape for {key!r}: received {list(value.shape)}, the variable is {list(spec.shape)}."
+                    f"Wrong shape for {short(key)}: received {list(value.shape)}, the variable is {list(spec.shape)}."
                 )
 
-    def _checked(self, check: Callable[[], None]) -> None:
-        try:
-            self._require_initialized()
-            check()
-        except StoreError:
-            self.stats["rejected"] += 1
-            raise
+    def _check_finite(self, tensors: Mapping[str, np.ndarray], worker: int, what: str,
+                      policy: str | None = None) -> None:
+        """Refuses NaN/Inf unless the job allows them (checked before the lock: it reads only the arrays)."""
+        if (policy or self.nonfinite) == "allow":
+            return
+        for key, value in tensors.items():
+            if not all_finite(value):
+                raise StoreError(
+                    f"Non-finite {what} (NaN or Inf) for {short(key)} from worker {worker}: refused, so it cannot "
+                    "poison the other workers. The worker's training has diverged (lower the learning rate, "
+                    "clip gradients), or set ps.nonfinite: allow to store such values.",
+                )
 
     def _require_path(self, path: str) -> None:
         if self.policy.path != path:
@@ -265,127 +336,159 @@ class ParameterStore:
                 grpc_code="FAILED_PRECONDITION",
             )
 
-    # ----------------------------------------------------------- update path
-    def push(
-        self,
-        worker: int,
-        clock: int,
-        deltas: Mapping[str, np.ndarray],
-        timeout: float | None = None,
-        loss: float | None = None,
-        steps: int = 1,
-    ) -> dict[str, Any]:
-        """Adds ``deltas`` to the stored values, as the policy decides.
+    def _check_push(self, req: PushRequest) -> None:
+        self._require_initialized()
+        self._check_member(req.worker)
+        self._require_path("update")
+        self._check_tensors(req.deltas)
 
-        ``clock`` is the number of steps the worker has completed with this
-        push. ``steps`` is how many local steps (batches) the deltas sum up
+    # ----------------------------------------------------------- update path
+    def push(self, req: PushRequest, timeout: float | None = None, cancelled: Cancelled = _never) -> dict[str, Any]:
+        """Adds the deltas to the stored values, as the policy decides.
+
+        ``req.clock`` is the number of steps the worker has completed with
+        this push; ``req.steps`` how many local steps (batches) the deltas sum
         (``strategy.exchange_every``); the job's batch counters advance by it.
-        All deltas are validated before any is applied.
         """
+        self._check_finite(req.deltas, req.worker, "update")
         with self._cond:
-            self._touch(worker)
-            self._checked(lambda: (self._require_path("update"), self._validate_tensors(deltas),
-                                   self._validate_steps(steps)))
-            self._admit(timeout)
-            decision = self._wait_for(lambda: self.policy.on_push(worker, clock, self._ctx()), timeout, "push")
-            self._count_batch(worker, steps)
-            if decision.action is PushAction.DROP:
-                self.stats["dropped"] += 1
-                return {"applied": False, "dropped": True, "version": self.version, "reason": decision.reason,
-                        **self._member_info(worker)}
-            for key, delta in deltas.items():
-                self._values[key] += delta
-                self.stats["bytes_in"] += delta.nbytes
-            previous = self.version
-            self.version += 1
-            self.stats["pushes"] += 1
-            self.progress += steps
-            self.policy.on_applied(worker, clock, self._ctx(), loss)
-            self._cond.notify_all()
-            return {"applied": True, "dropped": False, "version": self.version, "previous_version": previous,
-                    **self._clock_info(), **self._member_info(worker)}
+            self._check_push(req)
+            return self._apply_push(req, timeout, cancelled)
+
+    def push_pull(self, req: PushPullRequest, consumer: Callable[[dict, dict, bool], Any],
+                  timeout: float | None = None, cancelled: Cancelled = _never) -> Any:
+        """A push and a read in one call, for policies whose reads never wait (ASP).
+
+        Calls ``consumer(meta, values, unchanged)`` under the lock after the
+        push; ``unchanged`` is True when the push landed right on
+        ``req.base_version`` and nothing landed after it (the caller then
+        knows the values: its snapshot plus its delta).
+        """
+        push = req.push
+        self._check_finite(push.deltas, push.worker, "update")
+        with self._cond:
+            self._check_push(push)
+            keys = self._read_keys(req.keys)
+            if self.policy.read_may_wait():
+                raise StoreError(
+                    f"PushPull is for jobs whose reads never wait; this job runs {self.policy.spec()}. "
+                    "Send Push, then Pull.", grpc_code="FAILED_PRECONDITION",
+                )
+            result = self._apply_push(push, timeout, cancelled)
+            unchanged = (req.base_version is not None and result["applied"]
+                         and result["previous_version"] == req.base_version)
+            return self._read_locked(push.worker, keys, lambda meta, values: consumer(
+                {**meta, "push": result}, values, unchanged))
+
+    def _apply_push(self, req: PushRequest, timeout: float | None, cancelled: Cancelled) -> dict[str, Any]:
+        """Applies a checked push (lock held); waits only before changing anything."""
+        worker = req.worker
+        self._admit(timeout, cancelled)
+        decision = self._wait_for(lambda: self.policy.on_push(worker, req.clock, self._ctx()), timeout, "push",
+                                  cancelled)
+        self._touch(worker)
+        self._count_batch(worker, req.steps)
+        if decision.action is PushAction.DROP:
+            self.stats["dropped"] += 1
+            return {"applied": False, "dropped": True, "version": self.version, "reason": decision.reason,
+                    **self._member_info(worker)}
+        for key, delta in req.deltas.items():
+            self._values[key] += delta
+            self.stats["bytes_in"] += delta.nbytes
+        previous = self.version
+        self.version += 1
+        self.stats["pushes"] += 1
+        self.progress += req.steps
+        self.policy.on_applied(worker, req.clock, self._ctx(), req.loss)
+        self._cond.notify_all()
+        return {"applied": True, "dropped": False, "version": self.version, "previous_version": previous,
+                **self._clock_info(), **self._member_info(worker)}
 
     def _clock_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"global_step": self.global_step}
-        if hasattr(self.policy, "min_clock"):
-            info["min_clock"] = self.policy.min_clock(self._ctx())
-            s = self.policy.staleness
-            info["staleness"] = None if s == float("inf") else int(s)
-        return info
+        return {"global_step": self.global_step, **self.policy.clock_fields(self._ctx())}
 
-    def read(
-        self,
-        worker: int,
-        clock: int,
-        keys: Iterable[str] | None,
-        consumer: Callable[[dict[str, Any], dict[str, np.ndarray]], Any],
-        timeout: float | None = None,
-        min_state_step: int | None = None,
-    ) -> Any:
+    def _read_keys(self, keys: Iterable[str] | None) -> list[str]:
+        if keys is None:
+            return list(self._values)
+        self._check_keys(keys)
+        return list(keys)
+
+    def read(self, req: PullRequest, consumer: Callable[[dict[str, Any], dict[str, np.ndarray]], Any],
+             timeout: float | None = None, cancelled: Cancelled = _never) -> Any:
         """Calls ``consumer(meta, values)`` with the lock held, once readable.
 
         On the update path the policy decides whether a worker about to start
-        ``clock`` may read now; on the gradient path ``min_state_step`` waits
-        for a state snapshot at least that recent. ``values`` are the live
-        arrays: the consumer must copy what it keeps (encoding does).
+        ``req.clock`` may read now; on the gradient path ``min_state_step``
+        waits for a state snapshot at least that recent. ``values`` are the
+        live arrays: the consumer must copy what it keeps (encoding does).
         """
+        worker = req.worker
         with self._cond:
-            self._touch(worker)
-            self._checked(lambda: self._validate_keys(self._values if keys is None else keys))
-            keys = list(self._values) if keys is None else list(keys)
+            self._require_initialized()
+            if worker >= 0:
+                self._check_member(worker)
+            keys = self._read_keys(req.keys)
             if self.policy.path == "update":
-                self._wait_for(lambda: self._pull_decision(worker, clock), timeout, "pull")
-            elif min_state_step is not None:
-                self._wait_for(lambda: _Wait(self.state_step < min_state_step,
-                                             f"state snapshot of step {min_state_step} not written yet"),
-                               timeout, "read the state")
-            values = {k: self._values[k] for k in keys}
-            self.stats["pulls"] += 1
-            self.stats["bytes_out"] += sum(v.nbytes for v in values.values())
-            meta = {"version": self.version, "state_step": self.state_step, **self._clock_info(),
-                    **self._member_info(worker)}
-            if worker >= 0 and hasattr(self.policy, "clock_of"):
-                meta["clock"] = self.policy.clock_of(worker)
-            return consumer(meta, values)
+                self._wait_for(lambda: self._pull_decision(worker, req.clock), timeout, "pull", cancelled)
+            elif req.min_state_step is not None:
+                step = req.min_state_step
+                self._wait_for(lambda: _Wait(self.state_step < step,
+                                             f"state snapshot of step {step} not written yet"),
+                               timeout, "read the state", cancelled)
+            self._touch(worker)
+            return self._read_locked(worker, keys, consumer)
+
+    def _read_locked(self, worker: int, keys: list[str], consumer) -> Any:
+        values = {k: self._values[k] for k in keys}
+        self.stats["pulls"] += 1
+        self.stats["bytes_out"] += sum(v.nbytes for v in values.values())
+        meta = {"version": self.version, "state_step": self.state_step, **self._clock_info(),
+                **self._member_info(worker)}
+        if worker >= 0:
+            clock = self.policy.clock_of(worker)
+            if clock is not None:
+                meta["clock"] = clock
+        return consumer(meta, values)
 
     def _pull_decision(self, worker: int, clock: int):
         decision = self.policy.on_pull(worker, clock, self._ctx())
         return _Wait(decision.wait, decision.reason)
 
     # --------------------------------------------------------- gradient path
-    def push_gradients(
-        self,
-        worker: int,
-        step: int,
-        grads: Mapping[str, np.ndarray],
-        timeout: float | None = None,
-    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """Contributes ``grads`` to global step ``step``; returns that step's aggregate.
+    def push_gradients(self, req: PushGradientsRequest, timeout: float | None = None,
+                       cancelled: Cancelled = _never) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Contributes gradients to global step ``req.step``; returns that step's aggregate.
 
         Blocks (bounded) until the step is complete. A gradient for a step
         that is already complete is dropped; its sender still gets the
         step's aggregate if it is in the recent history, otherwise
-        ``resync=True`` (it must reload the state snapshot).
+        ``resync=True`` (it must reload the state snapshot). A gradient for a
+        future step, or a second one from the same worker, is refused.
 
         Returns:
             ``(meta, aggregate)``; ``meta`` has ``dropped``, ``resync``,
             ``global_step``, ``write_state`` (this worker completed the step
             and should upload the state after applying it).
         """
+        worker, step = req.worker, req.step
+        self._check_finite(req.grads, worker, "gradient")
         with self._cond:
-            self._touch(worker)
-            self._checked(lambda: (self._require_path("gradient"), self._validate_tensors(grads, trainable_only=True)))
-            self._admit(timeout)
-            decision = self.policy.on_gradient(worker, step, self.global_step, frozenset(self._contributors), self._ctx())
+            self._require_initialized()
+            self._check_member(worker)
+            self._require_path("gradient")
+            self._check_tensors(req.grads, trainable_only=True)
+            self._admit(timeout, cancelled)
+            decision = self.policy.on_gradient(worker, step, self.global_step, frozenset(self._contributors),
+                                               self._ctx())
             if decision.action in (GradientAction.FUTURE, GradientAction.DUPLICATE):
-                self.stats["rejected"] += 1
                 raise StoreError(f"Gradient refused: {decision.reason}.", grpc_code="FAILED_PRECONDITION")
+            self._touch(worker)
             dropped = decision.action is GradientAction.STALE
             self._count_batch(worker)
             if dropped:
                 self.stats["dropped"] += 1
             else:
-                for key, g in grads.items():
+                for key, g in req.grads.items():
                     if key in self._acc:
                         self._acc[key] += g
                     else:
@@ -395,7 +498,9 @@ class ParameterStore:
                 self._maybe_complete(worker)
                 if self.global_step <= step:
                     self.stats["waits"] += 1
-                self._wait_for(lambda: self._step_wait(step), timeout, f"complete step {step}")
+                # A contributor's wait is not counted against max_waiters: at most one per worker.
+                self._wait_for(lambda: self._step_wait(step), timeout, f"complete step {step}", cancelled,
+                               counted=False)
             meta = {"dropped": dropped, "global_step": self.global_step, "step": step, "reason": decision.reason,
                     **self._member_info(worker)}
             if step not in self._history:
@@ -408,14 +513,17 @@ class ParameterStore:
         if self.global_step > step:
             return _Wait(False, "")
         self._maybe_complete(None)  # the live set may have shrunk
+        missing = sorted(self._live() - self.excluded - self._contributors)
         return _Wait(self.global_step <= step,
-                     f"step {step} has {len(self._contributors)} gradient(s); the policy waits for more")
+                     f"step {step} has {len(self._contributors)} gradient(s) (from workers "
+                     f"{sorted(self._contributors)}); the policy waits for more (live workers not yet heard "
+                     f"for this step: {missing})")
 
     def _maybe_complete(self, closer: int | None) -> None:
         contributors = frozenset(self._contributors)
         if not contributors or not self.policy.step_complete(contributors, self._ctx()):
             return
-        m = getattr(self.policy, "replicas_to_aggregate", len(contributors))
+        m = self.policy.aggregation_size()
         if len(contributors) != m:  # Keras scaled every loss by 1/m: make the sum the mean
             for value in self._acc.values():
                 value *= np.asarray(m / len(contributors), dtype=value.dtype)
@@ -431,70 +539,99 @@ class ParameterStore:
         self.policy.on_step_boundary(self._ctx())
         self._cond.notify_all()
 
-    def put_state(self, worker: int, step: int, tensors: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        """Replaces the state snapshot with the one a worker had after ``step`` steps.
+    def put_state(self, req: PutStateRequest) -> dict[str, Any]:
+        """Replaces the state snapshot with the one a worker had after ``req.step`` steps.
 
-        Older snapshots than the stored one are ignored; keys must be known.
+        Older snapshots than the stored one are ignored (``stored: False``).
         """
+        self._check_finite(req.tensors, req.worker, "state value")
         with self._cond:
-            self._touch(worker)
-            self._checked(lambda: self._validate_tensors(tensors))
-            if step <= self.state_step and self.state_step > 0:
+            self._require_initialized()
+            self._check_member(req.worker)
+            self._check_tensors(req.tensors)
+            self._touch(req.worker)
+            if req.step <= self.state_step and self.state_step > 0:
                 return {"stored": False, "state_step": self.state_step}
-            for key, value in tensors.items():
+            for key, value in req.tensors.items():
                 np.copyto(self._values[key], value)
-            self.state_step = step
+            self.state_step = req.step
             self.version += 1
             self.stats["state_writes"] += 1
             self._cond.notify_all()
             return {"stored": True, "state_step": self.state_step}
 
     # ---------------------------------------------------------------- waits
-    def _wait_for(self, decide, timeout: float | None, what: str):
-        """Re-asks ``decide`` until it does not say WAIT, within ``timeout``."""
-        deadline = None if timeout is None else self._time() + timeout
-        counted = False
-        while True:
-            decision = decide()
-            if decision.action is not PushAction.WAIT:
-                return decision
-            if not counted and what == "pull":
-                self.stats["waits"] += 1
-                counted = True
-            remaining = None if deadline is None else deadline - self._time()
-            if remaining is not None and remaining <= 0:
-                raise StoreError(
-                    f"Timed out waiting to {what}: {decision.reason or 'the consistency policy said wait'}. "
-                    "Raise ps.rpc_timeout_s if workers are expected to lag this much.",
-                    grpc_code="DEADLINE_EXCEEDED",
-                )
-            # Re-check at least every 0.2 s: liveness changes by the passage of time.
-            self._cond.wait(timeout=min(remaining, 0.2) if remaining is not None else 0.2)
+    def _wait_for(self, decide, timeout: float | None, what: str, cancelled: Cancelled = _never,
+                  counted: bool = True):
+        """Re-asks ``decide`` until it does not say WAIT (lock held), within the bounds.
+
+        Bounds: ``timeout`` and ``max_wait_s`` (→ ``ABORTED``, a policy wait
+        that ran out), the caller cancelling (→ ``CANCELLED``), :meth:`close`
+        (→ ``UNAVAILABLE``). With ``counted``, a wait takes one of
+        ``max_waiters`` places, and is refused (``RESOURCE_EXHAUSTED``) when
+        none is free; it must then not have changed anything yet.
+        """
+        decision = decide()
+        if decision.action is not PushAction.WAIT:
+            return decision
+        if counted and self._waiters >= self.max_waiters:
+            raise StoreError(
+                f"Too many calls are waiting on this parameter server ({self._waiters}; at most "
+                f"{self.max_waiters}): refused instead of queued. Waiting to {what}: {decision.reason}.",
+                grpc_code="RESOURCE_EXHAUSTED",
+            )
+        bound = self.max_wait_s if timeout is None else min(timeout, self.max_wait_s)
+        deadline = self._time() + bound
+        if counted:
+            self._waiters += 1
+        try:
+            while True:
+                if self._closing:
+                    raise StoreError("The parameter server is stopping.", grpc_code="UNAVAILABLE")
+                if cancelled():
+                    raise StoreError(f"The caller went away while waiting to {what}.", grpc_code="CANCELLED")
+                remaining = deadline - self._time()
+                if remaining <= 0:
+                    raise StoreError(
+                        f"Timed out after {bound:g} s waiting to {what}: "
+                        f"{decision.reason or 'the consistency policy said wait'}. The parameter server is "
+                        "healthy; raise ps.rpc_timeout_s if workers are expected to lag this much.",
+                        grpc_code=WAIT_TIMEOUT_CODE,
+                    )
+                # Re-check at least every 0.2 s: liveness changes by the passage of time.
+                self._cond.wait(timeout=min(remaining, 0.2))
+                decision = decide()
+                if decision.action is not PushAction.WAIT:
+                    if what == "pull":
+                        self.stats["waits"] += 1  # reads that had to wait (counted once they may go on)
+                    return decision
+        finally:
+            if counted:
+                self._waiters -= 1
+
+    def close(self) -> None:
+        """Releases every waiting call (they fail with ``UNAVAILABLE``); the store serves nothing after."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
 
     # ------------------------------------------------------------ capacity
-    def _admit(self, timeout: float | None) -> None:
-        """Waits for this update's slot when ``max_updates_per_s`` caps the rate (lock released while waiting)."""
+    def _admit(self, timeout: float | None, cancelled: Cancelled = _never) -> None:
+        """Waits for this update's slot when ``max_updates_per_s`` caps the rate (lock released while waiting).
+
+        The slot is reserved before the wait, so concurrent callers get consecutive slots.
+        """
         if not self.max_updates_per_s:
             return
-        now = self._time()
-        slot = max(now, self._next_slot)
+        slot = max(self._time(), self._next_slot)
         self._next_slot = slot + 1.0 / self.max_updates_per_s
-        deadline = None if timeout is None else now + timeout
-        while (remaining := slot - self._time()) > 0:
-            if deadline is not None and self._time() >= deadline:
-                raise StoreError("Timed out waiting for a slot of the PS's capacity (ps.max_updates_per_s).",
-                                 grpc_code="DEADLINE_EXCEEDED")
-            self._cond.wait(timeout=remaining)
+        self._wait_for(lambda: _Wait(self._time() < slot, "a slot of the PS's capacity (ps.max_updates_per_s)"),
+                       timeout, "get an update slot", cancelled)
 
     # ------------------------------------------------------------ membership
     def _count_batch(self, worker: int, steps: int = 1) -> None:
         if worker >= 0:
             self.worker_batches[worker] = self.worker_batches.get(worker, 0) + steps
-
-    @staticmethod
-    def _validate_steps(steps: Any) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise StoreError(f"A push must sum up at least one step; received steps={steps!r}.")
 
     def _member_info(self, worker: int) -> dict[str, Any]:
         info: dict[str, Any] = {}
@@ -508,35 +645,28 @@ class ParameterStore:
     def job_done(self) -> bool:
         return self.total_batches is not None and self.progress >= self.total_batches
 
-    def control(self, drain: Iterable[int] | None = None, undrain: Iterable[int] | None = None,
-                total_batches: int | None = None, gone: Iterable[int] | None = None) -> dict[str, Any]:
+    def control(self, req: ControlRequest) -> dict[str, Any]:
         """Engine → PS: ask workers to leave, take that back, set the job's work,
         or report workers ``gone`` (their process ended: stop waiting for them now,
         not after the heart-beat timeout)."""
         with self._cond:
-            if total_batches is not None and int(total_batches) < 1:
-                raise StoreError(f"total_batches must be >= 1. Received: total_batches={total_batches!r}.")
-            for w in gone or ():
-                self.done_workers.add(int(w))
-                self._last_seen.pop(int(w), None)
-                self.draining.discard(int(w))
-            if drain:
-                self.draining |= {int(w) for w in drain}
+            for ids in (req.drain, req.undrain, req.gone):
+                for w in sorted(ids or ()):
+                    self._check_member(w)
+            for w in req.gone or ():
+                self.done_workers.add(w)
+                self._last_seen.pop(w, None)
+                self.draining.discard(w)
+            if req.drain:
+                self.draining |= req.drain
                 logger.info("workers asked to leave: %s", sorted(self.draining))
-            if undrain:
-                self.draining -= {int(w) for w in undrain}
-            if total_batches is not None:
-                self.total_batches = int(total_batches)
+            if req.undrain:
+                self.draining -= req.undrain
+            if req.total_batches is not None:
+                self.total_batches = req.total_batches
             self._cond.notify_all()
             return {"draining": sorted(self.draining), "total_batches": self.total_batches,
                     "progress": self.progress, "job_done": self.job_done}
-
-    def rejoin(self, worker: int) -> None:
-        """A worker (re)starts a session: it may come back after it said ``Done``."""
-        with self._cond:
-            if worker >= 0:
-                self.done_workers.discard(worker)
-                self.draining.discard(worker)
 
     # ------------------------------------------------------------ liveness
     def _touch(self, worker: int) -> None:
@@ -570,8 +700,11 @@ class ParameterStore:
     def set_excluded(self, worker: int, excluded: Iterable[int]) -> list[int]:
         """Replaces the set of detected stragglers barriers do not wait for."""
         with self._cond:
+            self._check_member(worker)
+            new = set(excluded)
+            for w in sorted(new):
+                self._check_member(w)
             self._touch(worker)
-            new = {int(w) for w in excluded}
             if new != self.excluded:
                 logger.info("stragglers excluded from barriers: %s (reported by worker %d)", sorted(new), worker)
             self.excluded = new
@@ -580,16 +713,24 @@ class ParameterStore:
 
     def heartbeat(self, worker: int) -> list[int]:
         with self._cond:
+            self._check_member(worker)
             self._touch(worker)
             self._cond.notify_all()
             return sorted(self._live())
 
     def mark_done(self, worker: int) -> set[int]:
+        """A worker of the job finished: barriers stop waiting for it. Returns the done set."""
         with self._cond:
+            self._check_member(worker)
             self.done_workers.add(worker)
             self._last_seen.pop(worker, None)
             self._cond.notify_all()
             return set(self.done_workers)
+
+    def check_member(self, worker: int) -> None:
+        """Raises :class:`StoreError` unless ``worker`` is a worker of the job."""
+        with self._cond:
+            self._check_member(worker)
 
     def live_workers(self) -> list[int]:
         with self._cond:
@@ -621,6 +762,7 @@ class ParameterStore:
                 "total_batches": self.total_batches,
                 "job_done": self.job_done,
                 "joins": self.joins,
+                "nonfinite": self.nonfinite,
                 "stats": dict(self.stats),
                 "policy": self.policy.describe() if self.policy else None,
             }

@@ -15,6 +15,7 @@ views into the received buffer).
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any, Mapping
 
@@ -27,6 +28,8 @@ __all__ = ["encode", "decode", "ALLOWED_DTYPES", "MAGIC"]
 MAGIC = b"TFD1"
 _LEN = struct.Struct("<I")
 _MAX_HEADER_BYTES = 64 * 1024 * 1024
+#: Most dimensions a tensor may have.
+_MAX_RANK = 32
 
 #: dtypes that may travel; anything else is refused on both ends.
 ALLOWED_DTYPES = frozenset(
@@ -83,6 +86,8 @@ def encode(
     buffers = []
     offset = 0
     for name, value in (tensors or {}).items():
+        if not isinstance(name, str):
+            raise WireFormatError(f"Tensor names are strings. Received: {_short(name)}.")
         arr = np.asarray(value)
         if not arr.flags.c_contiguous:  # (ascontiguousarray would turn scalars into 1-d)
             arr = arr.copy(order="C")
@@ -99,25 +104,55 @@ def encode(
         if nbytes:
             buffers.append(memoryview(arr.reshape(-1).view(np.uint8)))
         offset += nbytes
-    header = json.dumps(
-        {"meta": dict(meta or {}), "tensors": entries}, separators=(",", ":")
-    ).encode("utf-8")
+    try:
+        header = json.dumps(
+            {"meta": dict(meta or {}), "tensors": entries}, separators=(",", ":"), allow_nan=False
+        ).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise WireFormatError(f"Cannot encode the message header as JSON (NaN/Infinity or a non-JSON value?): {e}") from e
     pad = (-(len(MAGIC) + _LEN.size + len(header))) % 8
     return b"".join(
         [MAGIC, _LEN.pack(len(header)), header, b"\0" * pad, *buffers]
     )
 
 
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed in a tfdist message header")
+
+
+def _header_int(entry: Mapping[str, Any], field: str, name: Any) -> int:
+    value = entry.get(field)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WireFormatError(
+            f"Tensor {_short(name)}: {field} must be an integer. Received: {field}={_short(value)}."
+        )
+    return value
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (messages never echo a whole request)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def decode(message: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Decodes a message made by :func:`encode`.
+
+    Any input either decodes or raises :class:`~tfdist.errors.WireFormatError`
+    (never another exception): the header must be a JSON object with an
+    object ``meta`` and a list ``tensors`` of entries whose ``name`` and
+    ``dtype`` are strings, whose ``shape``, ``offset`` and ``nbytes`` are
+    non-negative integers that fit the payload, with no name twice. JSON's
+    ``NaN``/``Infinity`` constants are refused.
 
     Returns:
         ``(meta, tensors)``; the arrays are read-only views into ``message``.
 
     Raises:
-        WireFormatError: the message is truncated, has a bad magic number, an
-            unknown dtype, or tensor sizes that do not match their shapes.
+        WireFormatError: the message is not a valid tfdist message.
     """
+    if not isinstance(message, (bytes, bytearray, memoryview)):
+        raise WireFormatError(f"A tfdist message is bytes. Received: {type(message).__name__}.")
     view = memoryview(message)
     head = len(MAGIC) + _LEN.size
     if len(view) < head or bytes(view[: len(MAGIC)]) != MAGIC:
@@ -132,39 +167,62 @@ def decode(message: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             f"{len(view) - head} bytes present."
         )
     try:
-        header = json.loads(bytes(view[head : head + hlen]))
-        meta = header["meta"]
-        entries = header["tensors"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise WireFormatError(f"Malformed tfdist message header: {e}") from e
+        header = json.loads(bytes(view[head : head + hlen]), parse_constant=_reject_constant)
+    except RecursionError:
+        raise WireFormatError("Malformed tfdist message header: JSON nested too deeply.") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WireFormatError(f"Malformed tfdist message header: {_short(str(e), 200)}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("meta"), dict) \
+            or not isinstance(header.get("tensors"), list):
+        raise WireFormatError(
+            "Malformed tfdist message header: expected an object with an object `meta` and a list "
+            f"`tensors`. Received: {_short(header)}."
+        )
+    meta, entries = header["meta"], header["tensors"]
     start = head + hlen
     start += (-start) % 8
     payload = view[start:]
     tensors: dict[str, np.ndarray] = {}
     for entry in entries:
-        try:
-            name = entry["name"]
-            dtype_name = entry["dtype"]
-            shape = tuple(int(d) for d in entry["shape"])
-            off = int(entry["offset"])
-            nbytes = int(entry["nbytes"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise WireFormatError(f"Malformed tensor entry {entry!r}: {e}") from e
-        if dtype_name not in ALLOWED_DTYPES:
+        if not isinstance(entry, dict):
+            raise WireFormatError(f"Malformed tensor entry: expected an object. Received: {_short(entry)}.")
+        name, dtype_name = entry.get("name"), entry.get("dtype")
+        if not isinstance(name, str):
+            raise WireFormatError(f"A tensor's name must be a string. Received: name={_short(name)}.")
+        if name in tensors:
+            raise WireFormatError(f"Tensor {_short(name)} appears twice in one message; send each name once.")
+        if not isinstance(dtype_name, str) or dtype_name not in ALLOWED_DTYPES:
             raise WireFormatError(
-                f"Tensor {name!r} has dtype {dtype_name!r}, which is not "
+                f"Tensor {_short(name)} has dtype {_short(dtype_name)}, which is not "
                 f"allowed. Allowed dtypes: {sorted(ALLOWED_DTYPES)}."
             )
+        shape = entry.get("shape")
+        if not isinstance(shape, list) or len(shape) > _MAX_RANK:
+            raise WireFormatError(
+                f"Tensor {_short(name)}: shape must be a list of at most {_MAX_RANK} integers. "
+                f"Received: shape={_short(shape)}."
+            )
+        dims = []
+        for d in shape:
+            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+                raise WireFormatError(
+                    f"Tensor {_short(name)}: dimensions must be non-negative integers. Received: shape={_short(shape)}."
+                )
+            dims.append(d)
+        off = _header_int(entry, "offset", name)
+        nbytes = _header_int(entry, "nbytes", name)
         dtype = _np_dtype(dtype_name)
-        if any(d < 0 for d in shape):
-            raise WireFormatError(f"Tensor {name!r} has a negative dimension {shape}.")
-        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        # Python integers do not overflow; compare the element count against what the payload can hold.
+        count = math.prod(dims)
+        expected = count * dtype.itemsize
         if nbytes != expected or off < 0 or off + nbytes > len(payload):
             raise WireFormatError(
-                f"Tensor {name!r}: {nbytes} bytes at offset {off} do not match "
-                f"shape {list(shape)} of {dtype_name} ({expected} bytes) within "
+                f"Tensor {_short(name)}: {_short(nbytes)} bytes at offset {_short(off)} do not match "
+                f"shape {_short(dims)} of {dtype_name} ({expected} bytes) within "
                 f"a payload of {len(payload)} bytes."
             )
-        arr = np.frombuffer(payload[off : off + nbytes], dtype=dtype)
-        tensors[name] = arr.reshape(shape)
+        try:
+            tensors[name] = np.frombuffer(payload[off : off + nbytes], dtype=dtype).reshape(dims)
+        except ValueError as e:  # e.g. a zero-size tensor with a dimension numpy cannot represent
+            raise WireFormatError(f"Tensor {_short(name)}: shape {_short(dims)} is not representable: {e}") from None
     return meta, tensors

@@ -1,0 +1,620 @@
+"""The parameter-server protocol: one typed request per RPC, parsed and validated whole.
+
+:func:`parse` turns a decoded wire message (``meta``, ``tensors``; see
+:mod:`tfdist.ps.wire`) into one of the request dataclasses below, or raises
+:class:`ProtocolError` (gRPC ``INVALID_ARGUMENT``). Everything that can be
+checked without the store's state is checked here: field types and ranges
+(booleans are not numbers, numbers are finite, ids and counters fit their
+ranges), unknown or missing fields, tensors where none belong, duplicate
+keys, variable specs and the consistency-policy spec. The store checks the
+rest (known workers, known variables, dtypes and shapes, non-finite values,
+the policy's verdict) before it changes anything, and applies each request
+all-or-nothing (:mod:`tfdist.ps.store`).
+
+Requests go the other way with :meth:`to_wire` (the client builds the same
+dataclasses), so client and server share one definition of every message.
+Replies are plain ``meta`` mappings whose fields each request documents.
+
+Importing this module does not import TensorFlow or gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from tfdist.errors import PSRejectedError
+from tfdist.ps.placement import VariableSpec
+from tfdist.ps.wire import ALLOWED_DTYPES
+
+__all__ = [
+    "SERVICE",
+    "METHODS",
+    "ProtocolError",
+    "RequestError",
+    "NONFINITE_POLICIES",
+    "InitRequest",
+    "WaitInitRequest",
+    "PullRequest",
+    "PushRequest",
+    "PushPullRequest",
+    "PushGradientsRequest",
+    "PutStateRequest",
+    "SetExcludedRequest",
+    "HeartbeatRequest",
+    "StatusRequest",
+    "DoneRequest",
+    "ShutdownRequest",
+    "ControlRequest",
+    "method_of",
+    "parse",
+    "short",
+]
+
+#: gRPC service name of a parameter-server task.
+SERVICE = "tfdist.ParameterServer"
+
+#: Largest worker id (ids are ``0 .. num_workers - 1``; -1 is an evaluator's read-only id).
+MAX_WORKER_ID = 2**31 - 1
+#: Largest clock, step, version or count a request may carry (exact in a float64 and in JSON).
+MAX_COUNT = 2**53
+#: Longest variable key.
+MAX_KEY_CHARS = 512
+#: Most variables (or worker ids) one request may name.
+MAX_ITEMS = 1_000_000
+#: Longest wait a request may ask for, in seconds (the server bounds it further).
+MAX_WAIT_S = 24 * 3600.0
+
+#: ``"refuse"``: a push or initial value with NaN/Inf is refused (default); ``"allow"``: stored as sent.
+NONFINITE_POLICIES = ("refuse", "allow")
+
+
+class RequestError(PSRejectedError):
+    """A request a parameter server refuses; nothing was changed.
+
+    ``grpc_code`` names the gRPC status the server answers with.
+    """
+
+    grpc_code = "INVALID_ARGUMENT"
+
+    def __init__(self, message: str, grpc_code: str | None = None):
+        super().__init__(message)
+        if grpc_code:
+            self.grpc_code = grpc_code
+
+
+class ProtocolError(RequestError):
+    """A malformed request: a field of the wrong type or range, unknown or missing."""
+
+
+def short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: error messages never echo a whole request."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ------------------------------------------------------------------ field readers
+_MISSING = object()
+
+
+class _Fields:
+    """Reads a request's ``meta``; every field read is remembered so unknown ones can be refused."""
+
+    def __init__(self, method: str, meta: Any):
+        if not isinstance(meta, dict):
+            raise ProtocolError(f"{method}: the request's meta must be an object. Received: {short(meta)}.")
+        self.method = method
+        self.meta = meta
+        self.read: set[str] = set()
+
+    def _fail(self, name: str, value: Any, want: str) -> ProtocolError:
+        return ProtocolError(f"{self.method}: field `{name}` must be {want}. Received: {name}={short(value)}.")
+
+    def get(self, name: str, default: Any = _MISSING) -> Any:
+        self.read.add(name)
+        if name not in self.meta:
+            if default is _MISSING:
+                raise ProtocolError(f"{self.method}: required field `{name}` is missing.")
+            return default
+        return self.meta[name]
+
+    def int(self, name: str, low: int, high: int, default: Any = _MISSING) -> Any:
+        value = self.get(name, default)
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self._fail(name, value, f"an integer in [{low}, {high}]")
+        return value
+
+    def number(self, name: str, low: float, high: float, default: Any = _MISSING) -> Any:
+        value = self.get(name, default)
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not low <= value <= high:
+            raise self._fail(name, value, f"a finite number in [{low:g}, {high:g}]")
+        return float(value)
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self.get(name, default)
+        if not isinstance(value, bool):
+            raise self._fail(name, value, "true or false")
+        return value
+
+    def choice(self, name: str, options: tuple[str, ...], default: str) -> str:
+        value = self.get(name, default)
+        if not isinstance(value, str) or value not in options:
+            raise self._fail(name, value, f"one of {list(options)}")
+        return value
+
+    def worker(self, name: str = "worker", allow_reader: bool = False, default: Any = _MISSING) -> Any:
+        low = -1 if allow_reader else 0
+        return self.int(name, low, MAX_WORKER_ID, default)
+
+    def workers(self, name: str, default: Any = None) -> frozenset[int] | None:
+        value = self.get(name, default)
+        if value is None:
+            return None
+        if not isinstance(value, list) or len(value) > MAX_ITEMS:
+            raise self._fail(name, value, "a list of worker ids")
+        for w in value:
+            if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= MAX_WORKER_ID:
+                raise self._fail(name, value, f"a list of worker ids (integers in [0, {MAX_WORKER_ID}])")
+        return frozenset(value)
+
+    def keys(self, name: str = "keys") -> tuple[str, ...] | None:
+        value = self.get(name, None)
+        if value is None:
+            return None
+        if not isinstance(value, list) or len(value) > MAX_ITEMS:
+            raise self._fail(name, value, "a list of variable keys")
+        for k in value:
+            _check_key(self.method, k)
+        if len(set(value)) != len(value):
+            dup = sorted({k for k in value if value.count(k) > 1})[:4]
+            raise ProtocolError(f"{self.method}: `{name}` names a variable twice: {short(dup)}. Name each once.")
+        return tuple(value)
+
+    def policy(self, num_workers: int | None) -> dict | None:
+        spec = self.get("policy", None)
+        if spec is None:
+            return None
+        return check_policy_spec(self.method, spec, num_workers)
+
+    def specs(self, name: str = "specs", default: Any = _MISSING) -> tuple[VariableSpec, ...] | None:
+        value = self.get(name, default)
+        if value is None and default is None:
+            return None
+        if not isinstance(value, list) or len(value) > MAX_ITEMS:
+            raise self._fail(name, value, "a list of variable specs")
+        specs = tuple(_spec(self.method, d) for d in value)
+        keys = [s.key for s in specs]
+        if len(set(keys)) != len(keys):
+            dup = sorted({k for k in keys if keys.count(k) > 1})[:4]
+            raise ProtocolError(f"{self.method}: duplicate variable keys in `{name}`: {short(dup)}.")
+        return specs
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.meta) - self.read)
+        if unknown:
+            raise ProtocolError(
+                f"{self.method}: unknown field(s) {short(unknown)}. Are client and server the same tfdist version?"
+            )
+
+
+def _check_key(method: str, key: Any) -> str:
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
+        raise ProtocolError(
+            f"{method}: a variable key must be a string of 1 to {MAX_KEY_CHARS} characters. Received: {short(key)}."
+        )
+    return key
+
+
+def _spec(method: str, d: Any) -> VariableSpec:
+    if not isinstance(d, dict) or set(d) - {"key", "dtype", "shape", "trainable"}:
+        raise ProtocolError(
+            f"{method}: a variable spec is an object with key, dtype, shape and trainable. Received: {short(d)}."
+        )
+    key = _check_key(method, d.get("key"))
+    dtype = d.get("dtype")
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+        raise ProtocolError(f"{method}: spec {short(key)} has dtype {short(dtype)}; allowed: {sorted(ALLOWED_DTYPES)}.")
+    shape = d.get("shape")
+    if not isinstance(shape, list) or len(shape) > 32 or any(
+            isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_COUNT for x in shape):
+        raise ProtocolError(f"{method}: spec {short(key)} has a bad shape {short(shape)} (non-negative integers).")
+    if math.prod(shape) > MAX_COUNT:
+        raise ProtocolError(f"{method}: spec {short(key)} has {math.prod(shape)} elements; too many.")
+    trainable = d.get("trainable", True)
+    if not isinstance(trainable, bool):
+        raise ProtocolError(f"{method}: spec {short(key)} has trainable={short(trainable)}; expected true or false.")
+    return VariableSpec(key, dtype, tuple(shape), trainable)
+
+
+def check_policy_spec(method: str, spec: Any, num_workers: int | None) -> dict:
+    """Validates a consistency-policy spec by building the policy (the one codec: ``policy_from_spec``)."""
+    from tfdist.consistency import policy_from_spec
+    from tfdist.errors import ConfigError
+
+    if not isinstance(spec, dict):
+        raise ProtocolError(f"{method}: `policy` must be an object. Received: policy={short(spec)}.")
+    try:
+        policy = policy_from_spec(spec, num_workers or 1)
+    except (ConfigError, TypeError, ValueError, OverflowError) as e:
+        raise ProtocolError(f"{method}: bad consistency policy {short(spec)}: {short(str(e), 300)}") from None
+    if policy.spec() != {**policy.spec(), **spec}:
+        extra = {k: v for k, v in spec.items() if policy.spec().get(k, _MISSING) != v}
+        raise ProtocolError(
+            f"{method}: consistency policy fields {short(extra)} are unknown or not in canonical form; "
+            f"send policy.spec() ({short(policy.spec())})."
+        )
+    return policy.spec()
+
+
+def _no_tensors(method: str, tensors: Mapping[str, np.ndarray]) -> None:
+    if tensors:
+        raise ProtocolError(f"{method} carries no tensors. Received {len(tensors)}: {short(sorted(tensors)[:4])}.")
+
+
+def _tensor_keys(method: str, tensors: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    if len(tensors) > MAX_ITEMS:
+        raise ProtocolError(f"{method}: {len(tensors)} tensors in one request; at most {MAX_ITEMS}.")
+    for key in tensors:
+        _check_key(method, key)
+    return tensors
+
+
+# ------------------------------------------------------------------------ requests
+@dataclass(frozen=True)
+class InitRequest:
+    """The chief stores its values, the consistency policy and the non-finite policy.
+
+    Reply: ``initialized_here`` (False: the store already held values; specs
+    and policy were checked), ``version``, ``global_step``.
+    """
+
+    worker: int
+    specs: tuple[VariableSpec, ...]
+    values: Mapping[str, np.ndarray] = field(repr=False)
+    policy: dict | None = None
+    num_workers: int | None = None
+    step: int = 0
+    nonfinite: str = "refuse"
+
+    def to_wire(self):
+        meta = {"worker": self.worker, "specs": [s.to_dict() for s in self.specs], "step": self.step,
+                "nonfinite": self.nonfinite}
+        if self.policy is not None:
+            meta["policy"] = self.policy
+        if self.num_workers is not None:
+            meta["num_workers"] = self.num_workers
+        return meta, dict(self.values)
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        num_workers = f.int("num_workers", 1, MAX_WORKER_ID, None)
+        specs = f.specs()
+        keys = {s.key for s in specs}
+        if keys != set(tensors):
+            raise ProtocolError(
+                f"Init: values do not match specs: missing {short(sorted(keys - set(tensors))[:4])}, "
+                f"unexpected {short(sorted(set(tensors) - keys)[:4])}."
+            )
+        for s in specs:
+            v = tensors[s.key]
+            if v.dtype.name != s.dtype or tuple(v.shape) != s.shape:
+                raise ProtocolError(
+                    f"Init: value of {short(s.key)} is {v.dtype.name}{list(v.shape)}, its spec says "
+                    f"{s.dtype}{list(s.shape)}."
+                )
+        return cls(f.worker(), specs, tensors, f.policy(num_workers), num_workers, f.int("step", 0, MAX_COUNT, 0),
+                   f.choice("nonfinite", NONFINITE_POLICIES, "refuse"))
+
+
+@dataclass(frozen=True)
+class WaitInitRequest:
+    """A worker (or an evaluator, ``worker`` -1/None) waits, bounded, for the chief's Init.
+
+    With ``specs``/``policy`` the store checks them against its own once
+    initialised. Reply: ``initialized``, ``version``, ``global_step``.
+    """
+
+    worker: int | None = None
+    timeout_s: float = 0.0
+    specs: tuple[VariableSpec, ...] | None = None
+    policy: dict | None = None
+    num_workers: int | None = None
+
+    def to_wire(self):
+        meta: dict[str, Any] = {"timeout_s": self.timeout_s}
+        for name in ("worker", "policy", "num_workers"):
+            if getattr(self, name) is not None:
+                meta[name] = getattr(self, name)
+        if self.specs is not None:
+            meta["specs"] = [s.to_dict() for s in self.specs]
+        return meta, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("WaitInit", tensors)
+        num_workers = f.int("num_workers", 1, MAX_WORKER_ID, None)
+        worker = f.worker(allow_reader=True, default=None)
+        return cls(None if worker == -1 else worker, f.number("timeout_s", 0.0, MAX_WAIT_S, 0.0),
+                   f.specs(default=None), f.policy(num_workers), num_workers)
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    """Read values. ``worker`` -1 is a read-only client (evaluator).
+
+    ``clock``: the clock the reader is about to start (SSP may make it wait);
+    ``keys``: the variables wanted (``None``: all); ``min_state_step``
+    (gradient path): wait for a state snapshot at least this recent.
+    Reply meta: ``version``, ``state_step``, ``global_step``, clock fields, and
+    the values as tensors.
+    """
+
+    worker: int
+    clock: int = 0
+    keys: tuple[str, ...] | None = None
+    min_state_step: int | None = None
+
+    def to_wire(self):
+        meta: dict[str, Any] = {"worker": self.worker, "clock": self.clock}
+        if self.keys is not None:
+            meta["keys"] = list(self.keys)
+        if self.min_state_step is not None:
+            meta["min_state_step"] = self.min_state_step
+        return meta, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("Pull", tensors)
+        return cls(f.worker(allow_reader=True), f.int("clock", 0, MAX_COUNT, 0), f.keys(),
+                   f.int("min_state_step", 0, MAX_COUNT, None))
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    """Add ``deltas`` (update path). ``clock``: the worker's completed steps with
+    this push; ``steps``: local steps the deltas sum (``strategy.exchange_every``);
+    ``loss``: the step's training loss (DTSSP). Reply: ``applied``, ``dropped``,
+    ``version``, ``previous_version``, clock and membership fields."""
+
+    worker: int
+    clock: int
+    deltas: Mapping[str, np.ndarray] = field(repr=False)
+    loss: float | None = None
+    steps: int = 1
+
+    def _meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"worker": self.worker, "clock": self.clock}
+        if self.loss is not None:
+            meta["loss"] = self.loss
+        if self.steps != 1:
+            meta["steps"] = self.steps
+        return meta
+
+    def to_wire(self):
+        return self._meta(), dict(self.deltas)
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        return cls(f.worker(), f.int("clock", 0, MAX_COUNT, 0), _tensor_keys(f.method, tensors),
+                   f.number("loss", -math.inf, math.inf, None), f.int("steps", 1, MAX_COUNT, 1))
+
+
+@dataclass(frozen=True)
+class PushPullRequest:
+    """A push and a read of ``keys`` in one round trip (ASP, whose reads never wait).
+
+    ``base_version``: the version the worker's snapshot holds; when the push
+    landed right on it and nothing after it, the reply says ``unchanged``
+    instead of carrying the values. Reply: the read's meta plus ``push``.
+    """
+
+    push: PushRequest
+    keys: tuple[str, ...] | None = None
+    base_version: int | None = None
+
+    def to_wire(self):
+        meta = self.push._meta()
+        if self.keys is not None:
+            meta["keys"] = list(self.keys)
+        if self.base_version is not None:
+            meta["base_version"] = self.base_version
+        return meta, dict(self.push.deltas)
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        return cls(PushRequest.parse(f, tensors), f.keys(), f.int("base_version", 0, MAX_COUNT, None))
+
+
+@dataclass(frozen=True)
+class PushGradientsRequest:
+    """Contribute gradients to global step ``step`` (gradient path); blocks until the step completes.
+
+    Reply: ``dropped``, ``resync``, ``global_step``, ``step``, ``write_state``,
+    and the step's aggregate as tensors.
+    """
+
+    worker: int
+    step: int
+    grads: Mapping[str, np.ndarray] = field(repr=False)
+
+    def to_wire(self):
+        return {"worker": self.worker, "step": self.step}, dict(self.grads)
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        return cls(f.worker(), f.int("step", 0, MAX_COUNT), _tensor_keys(f.method, tensors))
+
+
+@dataclass(frozen=True)
+class PutStateRequest:
+    """Replace the state snapshot with a worker's after ``step`` steps. Reply: ``stored``, ``state_step``."""
+
+    worker: int
+    step: int
+    tensors: Mapping[str, np.ndarray] = field(repr=False)
+
+    def to_wire(self):
+        return {"worker": self.worker, "step": self.step}, dict(self.tensors)
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        return cls(f.worker(), f.int("step", 0, MAX_COUNT), _tensor_keys(f.method, tensors))
+
+
+@dataclass(frozen=True)
+class SetExcludedRequest:
+    """Replace the set of detected stragglers barriers do not wait for. Reply: ``excluded``."""
+
+    worker: int
+    excluded: frozenset[int]
+
+    def to_wire(self):
+        return {"worker": self.worker, "excluded": sorted(self.excluded)}, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("SetExcluded", tensors)
+        excluded = f.workers("excluded", _MISSING)
+        return cls(f.worker(), excluded)
+
+
+@dataclass(frozen=True)
+class HeartbeatRequest:
+    """A worker is alive. Reply: ``live_workers``."""
+
+    worker: int
+
+    def to_wire(self):
+        return {"worker": self.worker}, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("Heartbeat", tensors)
+        return cls(f.worker())
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    """Counters, membership and policy; ``brief`` leaves out the per-variable specs."""
+
+    brief: bool = False
+
+    def to_wire(self):
+        return ({"brief": True} if self.brief else {}), {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("Status", tensors)
+        return cls(f.flag("brief", False))
+
+
+@dataclass(frozen=True)
+class DoneRequest:
+    """A worker of the job has finished (or leaves). Reply: ``done_workers``."""
+
+    worker: int
+
+    def to_wire(self):
+        return {"worker": self.worker}, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("Done", tensors)
+        return cls(f.worker())
+
+
+@dataclass(frozen=True)
+class ShutdownRequest:
+    """A worker of the job asks the PS task to stop now. Reply: ``stopping``."""
+
+    worker: int
+
+    def to_wire(self):
+        return {"worker": self.worker}, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("Shutdown", tensors)
+        return cls(f.worker())
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    """The elastic engine: ask workers to leave (``drain``), take it back (``undrain``),
+    report ended processes (``gone``), set the job's ``total_batches``.
+
+    Reply: ``draining``, ``total_batches``, ``progress``, ``job_done``.
+    """
+
+    drain: frozenset[int] | None = None
+    undrain: frozenset[int] | None = None
+    gone: frozenset[int] | None = None
+    total_batches: int | None = None
+
+    def to_wire(self):
+        meta: dict[str, Any] = {}
+        for name in ("drain", "undrain", "gone"):
+            if getattr(self, name) is not None:
+                meta[name] = sorted(getattr(self, name))
+        if self.total_batches is not None:
+            meta["total_batches"] = self.total_batches
+        return meta, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("Control", tensors)
+        return cls(f.workers("drain"), f.workers("undrain"), f.workers("gone"),
+                   f.int("total_batches", 1, MAX_COUNT, None))
+
+
+_REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
+    "Init": InitRequest.parse,
+    "WaitInit": WaitInitRequest.parse,
+    "Pull": PullRequest.parse,
+    "Push": PushRequest.parse,
+    "PushPull": PushPullRequest.parse,
+    "PushGradients": PushGradientsRequest.parse,
+    "PutState": PutStateRequest.parse,
+    "SetExcluded": SetExcludedRequest.parse,
+    "Heartbeat": HeartbeatRequest.parse,
+    "Status": StatusRequest.parse,
+    "Done": DoneRequest.parse,
+    "Shutdown": ShutdownRequest.parse,
+    "Control": ControlRequest.parse,
+}
+
+#: Methods of :data:`SERVICE` (every request and reply is a :mod:`tfdist.ps.wire` message).
+METHODS = tuple(_REQUESTS)
+
+_METHOD_OF = {parser.__self__: name for name, parser in _REQUESTS.items()}
+
+
+def method_of(request: Any) -> str:
+    """The RPC method a request dataclass is sent with (``PushRequest`` → ``"Push"``)."""
+    return _METHOD_OF[type(request)]
+
+
+def parse(method: str, meta: Any, tensors: Mapping[str, np.ndarray]):
+    """Parses and validates one request of ``method``.
+
+    Returns:
+        The request dataclass (``InitRequest``, ``PushRequest``, ...).
+
+    Raises:
+        ProtocolError: the request is malformed; the message names the field.
+    """
+    parser = _REQUESTS.get(method)
+    if parser is None:
+        raise ProtocolError(f"Unknown method {short(method)}. Methods: {list(METHODS)}.", grpc_code="UNIMPLEMENTED")
+    fields = _Fields(method, meta)
+    request = parser(fields, tensors)
+    fields.finish()
+    return request
