@@ -736,6 +736,38 @@ class ParameterStore:
         with self._cond:
             return sorted(self._live())
 
+    def state(self) -> dict[str, Any]:
+        """Everything the store holds, copied: values, specs, versions, steps, clocks and policy state,
+        membership, counters (what a refused request must leave unchanged, and what a checkpoint holds)."""
+        with self._cond:
+            return {
+                "values": {k: v.copy() for k, v in self._values.items()},
+                "specs": [s.to_dict() for s in self._specs.values()],
+                "nonfinite": self.nonfinite,
+                "num_workers": self.num_workers,
+                "version": self.version,
+                "initialized_by": self.initialized_by,
+                "init_time": self._init_time,
+                "expected": sorted(self._expected),
+                "global_step": self.global_step,
+                "state_step": self.state_step,
+                "accumulated": {k: v.copy() for k, v in self._acc.items()},
+                "contributors": sorted(self._contributors),
+                "history": {step: ({k: v.copy() for k, v in agg.items()}, closer)
+                            for step, (agg, closer) in self._history.items()},
+                "last_seen": dict(self._last_seen),
+                "ever_seen": sorted(self._ever_seen),
+                "done_workers": sorted(self.done_workers),
+                "excluded": sorted(self.excluded),
+                "draining": sorted(self.draining),
+                "total_batches": self.total_batches,
+                "worker_batches": dict(self.worker_batches),
+                "progress": self.progress,
+                "joins": self.joins,
+                "stats": dict(self.stats),
+                "policy": self.policy.describe() if self.policy else None,
+            }
+
     def status(self, brief: bool = False) -> dict[str, Any]:
         """Counters, membership and policy of this PS.
 

@@ -1,0 +1,288 @@
+"""Property-based tests of the parameter-server protocol (hypothesis).
+
+For any request to any RPC — well-formed or not, from any worker id, with
+any tensors — either the request is applied, or it is refused with the
+protocol's error and the store's whole state (values, versions, clocks,
+policy state, membership, the done set, initialised flag, counters) is
+exactly as before; and afterwards the store still answers valid requests.
+The wire decoder raises only ``WireFormatError`` for any input.
+"""
+
+import json
+import struct
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from tfdist.consistency import AsyncPolicy, BSPPolicy, SSPPolicy
+from tfdist.errors import WireFormatError
+from tfdist.ps import wire
+from tfdist.ps.placement import VariableSpec
+from tfdist.ps.protocol import METHODS, RequestError
+from tfdist.ps.server import ParameterService
+from tfdist.ps.store import ParameterStore
+
+SPECS = [VariableSpec("a", "float32", (2, 2)), VariableSpec("b", "float32", (3,)),
+         VariableSpec("n", "float32", (2,), trainable=False)]
+SPEC_DICTS = [s.to_dict() for s in SPECS]
+NUM_WORKERS = 3
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+class FrozenClock:
+    """Time stands still: liveness cannot change between two snapshots of the state."""
+
+    def __call__(self):
+        return 1000.0
+
+
+def initial_values():
+    return {"a": np.ones((2, 2), np.float32), "b": np.zeros(3, np.float32), "n": np.full(2, 2.0, np.float32)}
+
+
+def make_store(kind: str, initialised: bool = True) -> ParameterStore:
+    policy = {"async": AsyncPolicy(), "ssp": SSPPolicy(0), "bsp": BSPPolicy(1)}[kind]
+    store = ParameterStore(policy, heartbeat_timeout_s=10, startup_grace_s=5, time_fn=FrozenClock(),
+                           num_workers=NUM_WORKERS, max_wait_s=0.0)
+    if initialised:
+        svc = ParameterService(store)
+        svc.call("Init", initial_values(), worker=0, specs=SPEC_DICTS, num_workers=1)
+        # some history: worker 1 is live, worker 2 said it is done
+        svc.call("Heartbeat", worker=1)
+        svc.call("Done", worker=2)
+        if kind == "bsp":
+            svc.call("PushGradients", {"b": np.ones(3, np.float32)}, worker=0, step=0)
+        else:
+            svc.call("Push", {"b": np.ones(3, np.float32)}, worker=1, clock=1)
+    return store
+
+
+def comparable(state):
+    """The store's state with arrays as (dtype, shape, bytes): NaN == NaN, exact bit equality."""
+    def conv(x):
+        if isinstance(x, np.ndarray):
+            return (x.dtype.name, x.shape, x.tobytes())
+        if isinstance(x, dict):
+            return {k: conv(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [conv(v) for v in x]
+        return x
+
+    return conv(state)
+
+
+# ------------------------------------------------------------------ strategies
+garbage = st.one_of(
+    st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=4), st.lists(st.one_of(st.integers(-3, 8), st.text(max_size=2)), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(-2, 2), max_size=2),
+)
+worker_id = st.one_of(st.integers(-2, NUM_WORKERS + 1), st.just(1000), garbage)
+count = st.one_of(st.integers(-1, 5), garbage)
+key_list = st.one_of(st.lists(st.sampled_from(["a", "b", "n", "zzz", "x" * 600]), max_size=4), garbage)
+id_list = st.one_of(st.lists(st.one_of(st.integers(-1, NUM_WORKERS + 2), st.just(47)), max_size=3), garbage)
+policy_spec = st.one_of(
+    st.just({"policy": "async"}), st.just({"policy": "ssp", "staleness": 0, "refresh_every_step": False}),
+    st.just({"policy": "bsp", "replicas_to_aggregate": 1}), st.just({"policy": "nope"}),
+    st.just({"policy": "ssp", "staleness": -1}), st.just({"policy": "async", "extra": 1}), garbage,
+)
+spec_list = st.one_of(
+    st.just(SPEC_DICTS), st.just(SPEC_DICTS[:2]), st.just(SPEC_DICTS + SPEC_DICTS[:1]),
+    st.just([{**SPEC_DICTS[0], "shape": [2, 3]}] + SPEC_DICTS[1:]),
+    st.just([{**SPEC_DICTS[0], "dtype": "object"}] + SPEC_DICTS[1:]), garbage,
+)
+
+#: Well-typed values (right type, any range: ids of non-members, unknown keys, future steps ...).
+TYPED = {
+    "worker": st.one_of(st.integers(0, 1), st.integers(-1, NUM_WORKERS + 1), st.just(1000)),
+    "clock": st.integers(0, 6),
+    "step": st.integers(0, 3), "steps": st.integers(1, 3), "loss": st.floats(-10, 10),
+    "keys": st.lists(st.sampled_from(["a", "b", "n", "zzz"]), unique=True, max_size=4),
+    "base_version": st.integers(0, 4), "min_state_step": st.integers(0, 3), "timeout_s": st.floats(0, 0.01),
+    "specs": spec_list, "policy": policy_spec, "num_workers": st.integers(1, 4),
+    "nonfinite": st.sampled_from(["refuse", "allow"]),
+    "excluded": st.lists(st.integers(0, NUM_WORKERS + 1), unique=True, max_size=3),
+    "drain": st.lists(st.integers(0, NUM_WORKERS + 1), unique=True, max_size=2),
+    "undrain": st.lists(st.integers(0, NUM_WORKERS), unique=True, max_size=2),
+    "gone": st.lists(st.integers(0, NUM_WORKERS + 1), unique=True, max_size=2),
+    "total_batches": st.integers(0, 5), "brief": st.booleans(),
+}
+#: Malformed values, for any field.
+MALFORMED = {
+    "worker": worker_id, "clock": count, "step": count, "steps": count, "loss": garbage, "keys": key_list,
+    "base_version": count, "min_state_step": count, "timeout_s": garbage, "specs": spec_list,
+    "policy": policy_spec, "num_workers": count, "nonfinite": garbage, "excluded": id_list, "drain": id_list,
+    "undrain": id_list, "gone": id_list, "total_batches": count, "brief": garbage,
+}
+METHOD_FIELDS = {
+    "Init": ["worker", "specs", "policy", "num_workers", "step", "nonfinite"],
+    "WaitInit": ["worker", "timeout_s", "specs", "policy", "num_workers"],
+    "Pull": ["worker", "clock", "keys", "min_state_step"],
+    "Push": ["worker", "clock", "loss", "steps"],
+    "PushPull": ["worker", "clock", "loss", "steps", "keys", "base_version"],
+    "PushGradients": ["worker", "step"], "PutState": ["worker", "step"],
+    "SetExcluded": ["worker", "excluded"], "Heartbeat": ["worker"], "Status": ["brief"], "Done": ["worker"],
+    "Shutdown": ["worker"], "Control": ["drain", "undrain", "gone", "total_batches"],
+}
+assert set(METHOD_FIELDS) == set(METHODS)
+#: Fields a method's parser requires (drawn always, so most requests reach the store).
+REQUIRED = {"worker", "specs", "step", "excluded"}
+
+
+@st.composite
+def requests(draw):
+    """(method, meta): the method's fields, well-typed or not, sometimes one malformed or unknown field."""
+    method = draw(st.sampled_from(METHODS))
+    fields = METHOD_FIELDS[method]
+    required = {f: TYPED[f] for f in fields if f in REQUIRED and not (method == "WaitInit" and f == "specs")}
+    meta = draw(st.fixed_dictionaries(required, optional={f: TYPED[f] for f in fields if f not in required}))
+    corrupt = draw(st.integers(0, 4))
+    if corrupt == 1:
+        field = draw(st.sampled_from(fields))
+        meta[field] = draw(MALFORMED[field])
+    elif corrupt == 2:
+        meta[draw(st.sampled_from(sorted(MALFORMED)))] = draw(garbage)
+    return method, meta
+
+
+elements = st.floats(width=32, allow_nan=True, allow_infinity=True)
+arrays = st.one_of(
+    hnp.arrays(np.float32, st.sampled_from([(2, 2), (3,), (2,), (4,), (0,)]), elements=elements),
+    hnp.arrays(np.float64, st.sampled_from([(2, 2), (3,)])),
+    hnp.arrays(np.int32, st.sampled_from([(2, 2), (3,)])),
+)
+finite = st.floats(-4, 4, width=32)
+valid_tensors = st.fixed_dictionaries({}, optional={
+    spec.key: hnp.arrays(np.float32, spec.shape, elements=finite) for spec in SPECS})
+tensor_sets = st.one_of(
+    valid_tensors,
+    st.dictionaries(st.sampled_from(["a", "b", "n", "zzz", "y" * 700]), arrays, max_size=3),
+)
+
+
+def check_still_serves(store, kind):
+    """A valid request of the store's path is applied exactly, and Status answers."""
+    svc = ParameterService(store)
+    assert svc.call("Status", brief=True)[0]["initialized"] == store.initialized
+    if not store.initialized:
+        return
+    before = store.state()["values"]["b"].copy()
+    if kind == "bsp":  # a gradient could wait for other workers here: a read answers at once
+        meta, values = svc.call("Pull", worker=1)
+        np.testing.assert_array_equal(values["b"], before)
+    else:
+        meta, _ = svc.call("Push", {"b": np.full(3, 0.5, np.float32)}, worker=1, clock=5)
+        assert meta["applied"]
+        np.testing.assert_array_equal(store.state()["values"]["b"], before + np.float32(0.5))
+
+
+@pytest.mark.parametrize("kind", ["async", "ssp", "bsp"])
+@SETTINGS
+@given(request=requests(), tensors=tensor_sets, initialised=st.booleans())
+def test_a_refused_request_changes_nothing_and_the_store_keeps_serving(kind, request, tensors, initialised):
+    method, meta = request
+    store = make_store(kind, initialised=initialised or method != "Init")
+    before = comparable(store.state())
+    try:
+        ParameterService(store).handle(method, meta, tensors, budget=0.0)
+    except RequestError as e:
+        assert isinstance(e.grpc_code, str)
+        after = comparable(store.state())
+        assert after == before, f"{method} {meta} refused ({e}) but changed the store"
+    check_still_serves(store, kind)
+
+
+@SETTINGS
+@given(meta=st.fixed_dictionaries({}, optional={f: st.one_of(TYPED[f], MALFORMED[f]) for f in METHOD_FIELDS["Init"]}),
+       tensors=st.one_of(tensor_sets, st.just(initial_values())))
+def test_an_init_is_applied_whole_or_not_at_all(meta, tensors):
+    store = make_store("async", initialised=False)
+    try:
+        ParameterService(store).handle("Init", meta, tensors, budget=0.0)
+    except RequestError:
+        assert not store.initialized and store.version == 0 and store.state()["values"] == {}
+        assert store.policy.spec() == {"policy": "async"}  # the refused request's policy was not installed
+        return
+    state = store.state()
+    assert store.initialized and sorted(state["values"]) == sorted(s["key"] for s in meta["specs"])
+    for key, value in state["values"].items():
+        np.testing.assert_array_equal(value, tensors[key])
+
+
+# -------------------------------------------------------------------- wire
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=300))
+def test_the_decoder_raises_only_its_error_on_any_bytes(data):
+    for message in (data, wire.MAGIC + data):
+        try:
+            wire.decode(message)
+        except WireFormatError:
+            pass
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(), st.text(max_size=5)),
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.text(max_size=6), children,
+                                                                             max_size=4)),
+    max_leaves=20,
+)
+entry = st.fixed_dictionaries({}, optional={
+    "name": st.one_of(st.text(max_size=3), json_values), "dtype": st.one_of(st.sampled_from(
+        ["float32", "int8", "bool", "object", "bfloat16"]), json_values),
+    "shape": st.one_of(st.lists(st.integers(-2, 2**65), max_size=3), json_values),
+    "offset": st.one_of(st.integers(-2, 20), json_values), "nbytes": st.one_of(st.integers(-2, 20), json_values),
+})
+
+
+@settings(max_examples=500, deadline=None)
+@given(header=st.one_of(json_values, st.fixed_dictionaries(
+    {"meta": json_values, "tensors": st.one_of(st.lists(entry, max_size=3), json_values)})),
+    payload=st.binary(max_size=40))
+def test_the_decoder_raises_only_its_error_on_any_header(header, payload):
+    text = json.dumps(header).encode()  # NaN/Infinity appear here as JSON constants: refused
+    message = wire.MAGIC + struct.pack("<I", len(text)) + text
+    message += b"\0" * ((-len(message)) % 8) + payload
+    try:
+        meta, tensors = wire.decode(message)
+    except WireFormatError:
+        return
+    assert isinstance(meta, dict) and all(isinstance(v, np.ndarray) for v in tensors.values())
+
+
+def test_deeply_nested_json_is_refused_with_the_decoders_error():
+    text = b"[" * 5000 + b"]" * 5000
+    message = wire.MAGIC + struct.pack("<I", len(text)) + text
+    with pytest.raises(WireFormatError, match="nested too deeply|Malformed"):
+        wire.decode(message)
+
+
+# ---------------------------------------------------------------- concurrency
+def test_concurrent_pushes_sum_exactly():
+    n_threads, m_pushes = 8, 50
+    store = ParameterStore(AsyncPolicy(), num_workers=n_threads)
+    svc = ParameterService(store)
+    svc.call("Init", {"b": np.zeros(3, np.float64)}, worker=0, specs=[{"key": "b", "dtype": "float64",
+                                                                       "shape": [3], "trainable": True}])
+    errors = []
+
+    def pusher(worker):
+        try:
+            for clock in range(1, m_pushes + 1):
+                svc.call("Push", {"b": np.full(3, worker + 1, np.float64)}, worker=worker, clock=clock)
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=pusher, args=(w,)) for w in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    expected = m_pushes * sum(range(1, n_threads + 1))
+    np.testing.assert_array_equal(store.state()["values"]["b"], np.full(3, expected, np.float64))
+    assert store.version == 1 + n_threads * m_pushes and store.progress == n_threads * m_pushes
