@@ -1,7 +1,7 @@
 """One gRPC service skeleton for every tfdist server (parameter servers, the shared queue).
 
 A :class:`WireService` serves named unary methods whose requests and replies
-are :mod:`tfdist.ps.wire` messages. It owns what every tfdist server must do
+are :mod:`tfdist.wire` messages. It owns what every tfdist server must do
 the same way:
 
 * **Authentication before the body.** The job token is checked by a server
@@ -35,7 +35,7 @@ import grpc
 from tfdist.auth import check_token
 from tfdist.constants import AUTH_METADATA_KEY as _TOKEN_KEY
 from tfdist.errors import WireFormatError
-from tfdist.ps import wire
+from tfdist import wire
 
 __all__ = ["WireService", "Handler"]
 

@@ -20,7 +20,7 @@ from hypothesis.extra import numpy as hnp
 
 from tfdist.consistency import AsyncPolicy, BSPPolicy, SSPPolicy
 from tfdist.errors import WireFormatError
-from tfdist.ps import wire
+from tfdist import wire
 from tfdist.ps.placement import VariableSpec
 from tfdist.ps.protocol import METHODS, RequestError
 from tfdist.ps.server import ParameterService

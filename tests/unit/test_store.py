@@ -115,7 +115,7 @@ def test_a_push_with_a_bad_step_count_changes_nothing(steps):
 
 
 def test_the_same_variable_twice_in_one_push_is_refused():
-    from tfdist.ps import wire
+    from tfdist import wire
     from tfdist.errors import WireFormatError
 
     message = wire.encode({"worker": 1, "clock": 1}, {"b": np.ones(3, np.float32)})

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tfdist.errors import WireFormatError
-from tfdist.ps import wire
+from tfdist import wire
 
 
 def test_round_trip_keeps_dtype_shape_and_values():

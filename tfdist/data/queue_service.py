@@ -7,7 +7,7 @@ Run standalone (an "input" task; the token comes from ``TFDIST_TOKEN``)::
         --producer mypkg.data:read_shards --num-epochs 10
 
 Methods of service ``tfdist.data.SharedQueue`` (requests and responses are
-:mod:`tfdist.ps.wire` messages): ``Describe``, ``Dequeue``, ``Ack``,
+:mod:`tfdist.wire` messages): ``Describe``, ``Dequeue``, ``Ack``,
 ``Enqueue``, ``EndEpoch``, ``Close``, ``Stats``. Importing this module does
 not import TensorFlow.
 """
@@ -24,13 +24,11 @@ import signal
 import sys
 import threading
 import traceback
-from concurrent import futures
 from typing import Any, Callable, Sequence
 
 import grpc
 
 from tfdist import constants
-from tfdist.auth import check_token
 from tfdist.data.coordinator import Coordinator
 from tfdist.data.delivery_ledger import DeliveryLedger
 from tfdist.data.errors import QueueClosedError, QueueTimeoutError, SharedQueueError
@@ -38,8 +36,8 @@ from tfdist.data.fifo_queue import FIFOQueue
 from tfdist.data.queue_base import QueueBase
 from tfdist.data.queue_runner import QueueRunner
 from tfdist.data.random_shuffle_queue import RandomShuffleQueue
-from tfdist.errors import ConfigError, TfdistError, WireFormatError
-from tfdist.ps import wire
+from tfdist.errors import ConfigError, TfdistError
+from tfdist.grpc_service import WireService
 
 __all__ = ["SharedQueueServer", "SERVICE", "METHODS", "main"]
 
@@ -175,27 +173,28 @@ class SharedQueueServer:
         self._ledger = DeliveryLedger(queue, worker_timeout_s=worker_timeout_s, on_ack=on_ack)
         self._template = queue
         token = token if token is not None else os.environ.get(constants.ENV_TOKEN)
-        self._token = token.encode() if token else None
         self._coord = Coordinator()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
-        options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0),
-        ]
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_threads), options=options)
-        handlers = {
-            name: grpc.unary_unary_rpc_method_handler(self._wrap(name, getattr(self, f"_rpc_{name}")))
-            for name in METHODS
-        }
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        bind = f"{host}:{port}"
-        self._port = self._server.add_insecure_port(bind)
-        if self._port == 0:
-            raise OSError(f"Could not bind the shared queue to {bind} (is the port in use?).")
+        self._service = WireService(
+            SERVICE,
+            {name: getattr(self, f"_rpc_{name}") for name in METHODS},
+            what="the shared queue",
+            token=token,
+            how_to_fix_token=f"pass token= to SharedQueue or set {constants.ENV_TOKEN} to this job's token",
+            host=host,
+            port=port,
+            max_message_bytes=max_message_bytes,
+            max_threads=max_threads,
+            errors=[
+                (QueueClosedError, grpc.StatusCode.OUT_OF_RANGE),
+                (SharedQueueError, grpc.StatusCode.FAILED_PRECONDITION),
+                ((KeyError, TypeError, ValueError, TfdistError), grpc.StatusCode.INVALID_ARGUMENT),
+            ],
+        )
+        self._port = self._service.port
         self._host = host
-        self._address = f"{'127.0.0.1' if host in ('[::]', '0.0.0.0') else host}:{self._port}"
+        self._address = self._service.address
 
     # -- control -----------------------------------------------------------------
 
@@ -214,7 +213,7 @@ class SharedQueueServer:
 
     def start(self) -> "SharedQueueServer":
         """Starts serving (and the producers, if any). Returns ``self``."""
-        self._server.start()
+        self._service.start()
         self._spawn(self._reap, "reaper")
         if self._producers:
             self._spawn(self._produce, "producers")
@@ -223,9 +222,9 @@ class SharedQueueServer:
             "worker_timeout_s=%g, auth=%s)",
             self._address, type(self._template).__name__, self._template.capacity,
             len(self._producers) if self._producers else "remote", self._num_epochs,
-            self._worker_timeout_s, "token" if self._token else "none",
+            self._worker_timeout_s, "token" if self._service.authenticated else "none",
         )
-        if self._token is None:
+        if not self._service.authenticated:
             logger.warning(
                 "shared queue runs without a token: any client that reaches %s can use it. "
                 "Set %s.", self._address, constants.ENV_TOKEN,
@@ -243,7 +242,9 @@ class SharedQueueServer:
             return
         self._stopped.set()
         self._coord.request_stop()
-        self._server.stop(grace).wait(5.0)
+        stopping = self._service.stop(grace)
+        if stopping is not None:
+            stopping.wait(5.0)
         for t in self._threads:
             t.join(5.0)
         logger.info("shared queue on %s stopped", self._address)
@@ -302,32 +303,7 @@ class SharedQueueServer:
             self._ledger.end_epoch()
         self._ledger.close()  # ends the last epoch and the data together
 
-    # -- RPC plumbing --------------------------------------------------------------
-
-    def _wrap(self, name: str, fn: Callable[[dict, dict, grpc.ServicerContext], tuple[dict, dict]]):
-        def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
-            self._authenticate(context)
-            try:
-                meta, tensors = wire.decode(request)
-            except WireFormatError as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {e}")
-            try:
-                return wire.encode(*fn(meta, tensors, context))
-            except QueueClosedError as e:
-                context.abort(grpc.StatusCode.OUT_OF_RANGE, f"{name}: {e}")
-            except SharedQueueError as e:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{name}: {e}")
-            except (KeyError, TypeError, ValueError, TfdistError) as e:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{name}: bad request ({type(e).__name__}: {e}).",
-                )
-
-        return handler
-
-    def _authenticate(self, context: grpc.ServicerContext) -> None:
-        check_token(context, self._token, "the shared queue",
-                    f"pass token= to SharedQueue or set {constants.ENV_TOKEN} to this job's token")
+    # -- RPC plumbing (tfdist.grpc_service.WireService: auth, decoding, error mapping) ---------------
 
     @staticmethod
     def _budget(meta: dict, context: grpc.ServicerContext, default: float = 1.0) -> float:

@@ -25,7 +25,7 @@ from tfdist.data.errors import (
 )
 from tfdist.data.queue_service import METHODS, SERVICE
 from tfdist.errors import AuthError, ConfigError
-from tfdist.ps import wire
+from tfdist import wire
 
 __all__ = ["SharedQueue"]
 

@@ -24,7 +24,8 @@ import numpy as np
 from tfdist import constants
 from tfdist.auth import token_metadata
 from tfdist.errors import AuthError, PSRejectedError, PSUnavailableError, PSWaitTimeoutError
-from tfdist.ps import memory, wire
+from tfdist import wire
+from tfdist.ps import memory
 from tfdist.ps.protocol import METHODS as _METHODS
 from tfdist.ps.protocol import SERVICE, method_of
 

@@ -1,7 +1,7 @@
 """The parameter-server protocol: one typed request per RPC, parsed and validated whole.
 
 :func:`parse` turns a decoded wire message (``meta``, ``tensors``; see
-:mod:`tfdist.ps.wire`) into one of the request dataclasses below, or raises
+:mod:`tfdist.wire`) into one of the request dataclasses below, or raises
 :class:`ProtocolError` (gRPC ``INVALID_ARGUMENT``). Everything that can be
 checked without the store's state is checked here: field types and ranges
 (booleans are not numbers, numbers are finite, ids and counters fit their
@@ -28,7 +28,7 @@ import numpy as np
 
 from tfdist.errors import PSRejectedError
 from tfdist.ps.placement import VariableSpec
-from tfdist.ps.wire import ALLOWED_DTYPES
+from tfdist.wire import ALLOWED_DTYPES
 
 __all__ = [
     "SERVICE",
@@ -591,7 +591,7 @@ _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "Control": ControlRequest.parse,
 }
 
-#: Methods of :data:`SERVICE` (every request and reply is a :mod:`tfdist.ps.wire` message).
+#: Methods of :data:`SERVICE` (every request and reply is a :mod:`tfdist.wire` message).
 METHODS = tuple(_REQUESTS)
 
 _METHOD_OF = {parser.__self__: name for name, parser in _REQUESTS.items()}

@@ -1,7 +1,7 @@
 """gRPC front of one parameter-server task: protocol → store → policy.
 
 Methods (service ``tfdist.ParameterServer``; every request and reply is a
-:mod:`tfdist.ps.wire` message, every request one dataclass of
+:mod:`tfdist.wire` message, every request one dataclass of
 :mod:`tfdist.ps.protocol`): ``Init``, ``WaitInit``, ``Pull``, ``Push``,
 ``PushPull`` (update path), ``PushGradients``, ``PutState`` (gradient path),
 ``SetExcluded`` (detected stragglers), ``Heartbeat``, ``Status`` (with
@@ -44,7 +44,8 @@ import numpy as np
 from tfdist import constants
 from tfdist.consistency.base import ConsistencyPolicy
 from tfdist.grpc_service import WireService
-from tfdist.ps import memory, protocol, wire
+from tfdist import wire
+from tfdist.ps import memory, protocol
 from tfdist.ps.protocol import METHODS, SERVICE
 from tfdist.ps.store import ParameterStore
 
