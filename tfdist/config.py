@@ -286,6 +286,11 @@ class PSConfig:
         tune_malloc: Keep multi-MB message buffers in the heap of PS and
             worker processes instead of a fresh ``mmap`` per message (glibc
             only; see :mod:`tfdist.ps.memory`). Defaults to ``True``.
+        nonfinite: What a PS does with an update, gradient or value that
+            holds NaN or Inf: ``"refuse"`` (the default: the request is
+            refused with an error naming the variable and the worker, and
+            the stored values stay finite) or ``"allow"`` (stored as sent).
+            The chief's setting holds for the job.
     """
 
     placement: str = "round_robin"
@@ -297,8 +302,11 @@ class PSConfig:
     heartbeat_timeout_s: float = constants.DEFAULT_HEARTBEAT_TIMEOUT_S
     max_updates_per_s: float | None = None
     tune_malloc: bool = True
+    nonfinite: str = "refuse"
 
     def __post_init__(self):
+        if self.nonfinite not in ("refuse", "allow"):
+            raise _fail("ps.nonfinite", self.nonfinite, 'Use "refuse" (the default) or "allow".')
         if not isinstance(self.tune_malloc, bool):
             raise _fail("ps.tune_malloc", self.tune_malloc, "Give true or false.")
         if self.max_updates_per_s is not None and (

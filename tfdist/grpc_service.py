@@ -83,6 +83,8 @@ class WireService:
         tls_credentials: ``grpc.ServerCredentials`` for TLS, or ``None``.
         errors: Extra ``(exception type, grpc.StatusCode)`` pairs for handler
             exceptions without a ``grpc_code`` attribute.
+        on_malformed: Called with the method name when a request is not a
+            valid wire message (refused before any handler runs).
     """
 
     def __init__(
@@ -99,8 +101,10 @@ class WireService:
         max_threads: int = 32,
         tls_credentials: grpc.ServerCredentials | None = None,
         errors: Sequence[tuple[type, grpc.StatusCode]] = (),
+        on_malformed: Callable[[str], None] | None = None,
     ):
         self.what = what
+        self._on_malformed = on_malformed
         self._errors = tuple(errors)
         self._token = token.encode() if token else None
         self._stopped = threading.Event()
@@ -165,6 +169,8 @@ class WireService:
                 result = fn(meta, tensors, context)
                 return result if isinstance(result, bytes) else wire.encode(*result)
             except WireFormatError as e:
+                if self._on_malformed is not None:
+                    self._on_malformed(name)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {e}")
             except Exception as e:  # noqa: BLE001 -- every failure becomes a status the caller can read
                 code = getattr(e, "grpc_code", None)

@@ -55,6 +55,7 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
         task_index=task.index,
         startup_grace_s=config.ps.startup_timeout_s,
         tune_malloc=config.ps.tune_malloc,
+        max_wait_s=config.ps.rpc_timeout_s,
     )
 
 

@@ -107,9 +107,13 @@ class ParameterService:
             request = protocol.parse(method, meta, tensors)
             return self._rpcs[method](request, budget, cancelled)
         except protocol.RequestError:
-            with self._lock:
-                self.rejected[method] = self.rejected.get(method, 0) + 1
+            self.count_refused(method)
             raise
+
+    def count_refused(self, method: str) -> None:
+        """Counts a refused request (also those refused before parsing: not a wire message)."""
+        with self._lock:
+            self.rejected[method] = self.rejected.get(method, 0) + 1
 
     def call(self, method: str, tensors: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None,
              **meta) -> tuple[dict, dict]:
@@ -251,7 +255,7 @@ class PSServer:
             SERVICE, handlers, what=f"parameter server ps:{task_index}", token=token,
             how_to_fix_token=f"set {constants.ENV_TOKEN} (or security.token) to this job's token",
             host=host, port=port, max_message_bytes=max_message_bytes, max_threads=max_threads,
-            tls_credentials=tls_credentials,
+            tls_credentials=tls_credentials, on_malformed=self.service.count_refused,
         )
         self.port = self._service.port
         self.host = host

@@ -189,6 +189,7 @@ class _Runtime:
                 heartbeat_interval_s=self.config.ps.heartbeat_interval_s if self.worker_id >= 0 else None,
                 policy_spec=self.policy_spec,
                 num_workers=self.config.starting_workers,
+                nonfinite=self.config.ps.nonfinite,
             )
             args = (client, self.specs, self.plan, self.worker_id, self.is_chief)
             if self.path == "gradient":
@@ -669,7 +670,7 @@ class ParameterServerStrategy(StrategyBase):
         from tfdist.ps.server import PSServer
 
         token = secrets.token_hex(16)
-        self._local_server = PSServer(None, token=token, num_workers=1).start()
+        self._local_server = PSServer(None, token=token, num_workers=1, max_wait_s=config.ps.rpc_timeout_s).start()
         config.cluster = ClusterConfig(worker=[UNUSED_WORKER_ADDRESS], ps=[self._local_server.address])
         logger.info("no cluster given: training as one worker with an in-process parameter server at %s",
                     self._local_server.address)
