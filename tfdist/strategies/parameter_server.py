@@ -80,10 +80,6 @@ def _numpy_dtype_name(dtype: tf.DType) -> str:
     return "bfloat16" if dtype == tf.bfloat16 else np.dtype(dtype.as_numpy_dtype).name
 
 
-def _numpy_dtype(dtype: tf.DType) -> np.dtype:
-    return np.dtype(dtype.as_numpy_dtype)
-
-
 class _Runtime:
     """Per-process state shared by the strategy and its extended object."""
 
@@ -209,8 +205,20 @@ class _Runtime:
             return session
 
     def assign(self, values: Mapping[str, np.ndarray]) -> None:
+        """Writes fresh values into the local variables (eagerly: from a py_function or the caller's thread).
+
+        The one way PS values reach the variables: pulls, resyncs and the
+        blocking exchange assign; the overlapped exchange adds (:meth:`add`).
+        """
         for spec, var in zip(self.specs, self.variables):
             var.assign(values[spec.key])
+
+    def add(self, corrections: Mapping[str, np.ndarray]) -> None:
+        """Adds ``corrections`` (variable key → array) to the local variables, eagerly."""
+        for spec, var in zip(self.specs, self.variables):
+            correction = corrections.get(spec.key)
+            if correction is not None:
+                var.assign_add(correction)
 
     def _require_training_task(self) -> None:
         if self.worker_id < 0:
@@ -253,33 +261,32 @@ class _Runtime:
         finally:
             self.step_wait_s += time.perf_counter() - start
 
-    def end_update_step(self, current: list[np.ndarray], loss: float | None) -> list[np.ndarray] | None:
+    def end_update_step(self, current: list[np.ndarray], loss: float | None) -> None:
+        """Update path, blocking: pushes the step's update; fresh values (if pulled) go into the variables."""
         self._require_training_task()
         if self.in_warmup:  # not part of the job yet: keep the local update, send nothing
-            return current if self.refresh_every_step else None
+            return
         steps = self._steps_to_send()
         if not steps:  # exchange_every: this step stays local
-            return current if self.refresh_every_step else None
+            return
         with self._blocked():
             values = self.session.end({s.key: v for s, v in zip(self.specs, current)}, loss, steps=steps)
-        if values is None:
-            return None
-        return [values[s.key] for s in self.specs]
+        if values is not None:
+            self.assign(values)
 
-    def end_overlapped_step(self, current: list[np.ndarray], loss: float | None) -> list[np.ndarray | None]:
-        """ASP, overlapped: sends this step's update; returns corrections to add (None: nothing to add)."""
+    def end_overlapped_step(self, current: list[np.ndarray], loss: float | None) -> None:
+        """ASP, overlapped: sends this step's update in the background; adds the previous one's corrections."""
         self._require_training_task()
         if self.in_warmup:  # not part of the job yet: keep the local update, send nothing
-            return [None] * len(self.specs)
+            return
         steps = self._steps_to_send()
         if not steps:  # exchange_every: this step stays local
-            return [None] * len(self.specs)
+            return
         with self._blocked():
             corrections = self.session.end_overlapped({s.key: v for s, v in zip(self.specs, current)}, loss,
                                                       steps=steps)
-        if not corrections:
-            return [None] * len(self.specs)
-        return [corrections.get(s.key) for s in self.specs]
+        if corrections:
+            self.add(corrections)
 
     def _steps_to_send(self) -> int:
         """Counts a finished step; the number of local steps to send now, or 0 to keep this one local."""
@@ -468,51 +475,31 @@ class ParameterServerExtended(OneDeviceExtended):
 
 
     def _blocking_sync(self, inputs, has_loss: bool):
-        """Push (and for ASP pull) inside the step; the pulled values are assigned before it ends."""
+        """Push (and for ASP pull) inside the step; pulled values are assigned inside the py_function."""
         runtime = self._runtime
-        refresh = runtime.refresh_every_step
 
         def end(*tensors):
-            values = runtime.end_update_step([np.asarray(t) for t in tensors[:-1]],
-                                             float(tensors[-1].numpy()) if has_loss else None)
-            return (values if refresh else []) + [runtime.step_stats()]
+            runtime.end_update_step([np.asarray(t) for t in tensors[:-1]],
+                                    float(tensors[-1].numpy()) if has_loss else None)
+            return runtime.step_stats()
 
-        dtypes = ([v.dtype for v in runtime.variables] if refresh else []) + [tf.float32]
-        outs = tf.py_function(end, inputs, dtypes, name="tfdist_sync")
-        if refresh:
-            for var, value in zip(runtime.variables, outs[:-1]):
-                var.assign(tf.ensure_shape(value, var.shape))
-        return outs[-1]
+        return tf.py_function(end, inputs, tf.float32, name="tfdist_sync")
 
     def _overlapped_sync(self, inputs, has_loss: bool):
-        """ASP: the update leaves in the background; the previous exchange's corrections are added here.
+        """ASP: the update leaves in the background; the previous exchange's corrections are added.
 
-        The py_function returns one flag per variable and the corrections
-        (empty arrays where there is none), so a worker that is alone on its
-        PS tasks adds nothing and no tensor is converted for nothing.
+        The py_function adds the corrections to the variables itself (only
+        where another worker's update arrived) and returns only the step's
+        statistics: no per-variable output is converted for nothing.
         """
         runtime = self._runtime
-        variables = runtime.variables
-        empty = [np.zeros((0,), _numpy_dtype(v.dtype)) for v in variables]
 
         def end(*tensors):
-            corrections = runtime.end_overlapped_step([np.asarray(t) for t in tensors[:-1]],
-                                                      float(tensors[-1].numpy()) if has_loss else None)
-            flags = np.array([c is not None for c in corrections], dtype=bool)
-            return [flags] + [e if c is None else c for c, e in zip(corrections, empty)] + [runtime.step_stats()]
+            runtime.end_overlapped_step([np.asarray(t) for t in tensors[:-1]],
+                                        float(tensors[-1].numpy()) if has_loss else None)
+            return runtime.step_stats()
 
-        outs = tf.py_function(end, inputs, [tf.bool] + [v.dtype for v in variables] + [tf.float32],
-                              name="tfdist_sync_overlapped")
-        flags = outs[0]
-        added = []
-        for i, (var, correction) in enumerate(zip(variables, outs[1:-1])):
-            def add(var=var, correction=correction):
-                var.assign_add(tf.reshape(correction, var.shape))
-                return tf.constant(True)
-
-            added.append(tf.cond(flags[i], add, lambda: tf.constant(False)))
-        with tf.control_dependencies(added):
-            return tf.identity(outs[-1])
+        return tf.py_function(end, inputs, tf.float32, name="tfdist_sync_overlapped")
 
 
 def _resolve(
