@@ -230,7 +230,9 @@ class AllReduceExtended(OneDeviceExtended):
             return result
 
         def skip():  # a worker left out of this step computes nothing (the values are placeholders)
-            return tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), traced["result"])
+            # Unknown dimensions (a predict batch) become 0: the branches' shapes merge to the unknown one.
+            return tf.nest.map_structure(
+                lambda t: tf.zeros([0 if d is None else d for d in t.shape.as_list()], t.dtype), traced["result"])
 
         result = tf.cond(member, run, skip)
         trace["training"] = self._tracing_training_step
