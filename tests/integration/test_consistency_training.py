@@ -77,6 +77,10 @@ def test_bsp_equals_single_process_training_on_the_global_batch(tmp_path, script
         np.testing.assert_array_equal(w0[f"arr_{i}"], w1[f"arr_{i}"])  # workers bit-identical
     assert r0["ps_status"][0]["stats"]["aggregations"] == 2 * steps
     assert r0["ps_status"][0]["stats"]["dropped"] == 0
+    # every step, the first of the two gradients waited for the second (ps_waits is seen by the workers)
+    r1 = _read(out, 1)
+    assert r0["sync_stats"]["waits"] + r1["sync_stats"]["waits"] >= 2 * steps
+    assert r0["sync_stats"]["waits"] + r1["sync_stats"]["waits"] <= 2 * 2 * steps
 
 
 def test_sync_replicas_drops_a_slow_workers_gradients_and_keeps_everyone_identical(tmp_path, scripts_dir):

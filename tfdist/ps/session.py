@@ -597,6 +597,7 @@ class GradientSession(WorkerSession):
         dropped = any(m["dropped"] for m in metas.values())
         resync = any(m["resync"] for m in metas.values())
         self.stats["dropped"] += int(dropped)
+        self.stats["waits"] += int(any(m.get("waited") for m in metas.values()))  # this worker waited for others
         self.known_global_step = max([self.known_global_step] + [m["global_step"] for m in metas.values()])
         found = {k: v for _, tensors in replies.values() for k, v in tensors.items()}
         aggregate = {}

@@ -467,8 +467,10 @@ class ParameterStore:
 
         Returns:
             ``(meta, aggregate)``; ``meta`` has ``dropped``, ``resync``,
-            ``global_step``, ``write_state`` (this worker completed the step
-            and should upload the state after applying it).
+            ``global_step``, ``waited`` (the step was not complete when this
+            gradient arrived: the worker waited for others), ``write_state``
+            (this worker completed the step and should upload the state after
+            applying it).
         """
         worker, step = req.worker, req.step
         self._check_finite(req.grads, worker, "gradient")
@@ -484,6 +486,7 @@ class ParameterStore:
                 raise StoreError(f"Gradient refused: {decision.reason}.", grpc_code="FAILED_PRECONDITION")
             self._touch(worker)
             dropped = decision.action is GradientAction.STALE
+            waited = False
             self._count_batch(worker)
             if dropped:
                 self.stats["dropped"] += 1
@@ -496,13 +499,14 @@ class ParameterStore:
                     self.stats["bytes_in"] += g.nbytes
                 self._contributors.add(worker)
                 self._maybe_complete(worker)
-                if self.global_step <= step:
+                waited = self.global_step <= step
+                if waited:
                     self.stats["waits"] += 1
                 # A contributor's wait is not counted against max_waiters: at most one per worker.
                 self._wait_for(lambda: self._step_wait(step), timeout, f"complete step {step}", cancelled,
                                counted=False)
             meta = {"dropped": dropped, "global_step": self.global_step, "step": step, "reason": decision.reason,
-                    **self._member_info(worker)}
+                    "waited": not dropped and waited, **self._member_info(worker)}
             if step not in self._history:
                 return {**meta, "resync": True, "write_state": False}, {}
             aggregate, closer = self._history[step]
