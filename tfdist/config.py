@@ -17,14 +17,18 @@ A config file in ``configs/`` maps one to one onto :class:`JobConfig`::
 
 Every value is validated when the dataclass is built; a bad value raises
 :class:`tfdist.errors.ConfigError` naming the field, the value received and
-the fix.
+the fix. Durations (``*_timeout_s``, ``*_interval_s``, ``poll_s``) are finite
+numbers of seconds above 0 and at most :data:`MAX_SECONDS` (booleans are not
+numbers).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -42,6 +46,7 @@ __all__ = [
     "JobConfig",
     "load_config",
     "parse_task",
+    "MAX_SECONDS",
 ]
 
 #: Jobs a cluster may have, in TF_CONFIG (Kubeflow TFJob) spelling.
@@ -49,10 +54,46 @@ JOB_NAMES = ("chief", "worker", "ps", "evaluator", "input")
 #: Placeholder address for a task whose port the local launcher will choose.
 UNASSIGNED = "127.0.0.1:0"
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+#: Longest duration a ``*_timeout_s`` / ``*_interval_s`` field accepts: one year (longer is a typo, and
+#: larger values overflow thread and gRPC deadlines).
+MAX_SECONDS = 365 * 24 * 3600
+#: Most tasks a job given as a count may have: a count means tasks on 127.0.0.1, one port each, and a
+#: host has 64511 non-privileged ports. (A local launch has a lower limit: ``tfdist.cluster.local``.)
+MAX_TASK_COUNT = 65535 - 1024
 
 
 def _fail(path: str, value: Any, fix: str) -> ConfigError:
     return ConfigError(f"Invalid config field `{path}`. Received: {path}={value!r}. {fix}")
+
+
+def _is_number(value: Any) -> bool:
+    """A real int or float (``True`` is not a number of seconds)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_number(path: str, value: Any, low: float | None = None, high: float | None = None,
+                  low_open: bool = False) -> None:
+    """Raises unless ``value`` is a finite number within ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+    ok = _is_number(value) and math.isfinite(value) and (
+        low is None or (value > low if low_open else value >= low)) and (high is None or value <= high)
+    if not ok:
+        bounds = []
+        if low is not None:
+            bounds.append(f"{'>' if low_open else '>='} {low:g}")
+        if high is not None:
+            bounds.append(f"<= {high:g}")
+        raise _fail(path, value, "Give a finite number" + (f" {' and '.join(bounds)}" if bounds else "") + ".")
+
+
+def _check_seconds(path: str, value: Any, nullable: bool = False) -> None:
+    """Raises unless ``value`` is a finite number of seconds in ``(0, MAX_SECONDS]`` (or null when allowed)."""
+    if value is None and nullable:
+        return
+    if not (_is_number(value) and math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise _fail(path, value, f"Give a number of seconds above 0 and at most {MAX_SECONDS} (one year)"
+                    + (", or null for no limit." if nullable else "."))
+
+
 
 
 def _check_address(path: str, address: Any) -> str:
@@ -96,6 +137,11 @@ class ClusterConfig:
             if isinstance(value, int):
                 if value < 0:
                     raise _fail(f"cluster.{job}", value, "A task count must be >= 0.")
+                if value > MAX_TASK_COUNT:
+                    raise _fail(f"cluster.{job}", value,
+                                f"A count means tasks on this machine, each on its own port, and a machine has "
+                                f"{MAX_TASK_COUNT} ports to give (a local launch runs far fewer tasks). Use fewer, or "
+                                "list host:port addresses and start one task per machine with --task.")
                 value = [UNASSIGNED] * value
             elif value is None:
                 value = []
@@ -239,8 +285,7 @@ class StrategyConfig:
                         "Give an integer >= 1, or null for all workers.")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise _fail("strategy.window", self.window, "Give an integer >= 1 (global clocks per loss window).")
-        if not isinstance(self.delta, (int, float)) or self.delta < 0:
-            raise _fail("strategy.delta", self.delta, "Give a number >= 0.")
+        _check_number("strategy.delta", self.delta, low=0)
 
     def policy_spec(self, num_workers: int) -> dict[str, Any]:
         """The policy spec (see ``tfdist.consistency``) this section describes."""
@@ -276,7 +321,8 @@ class PSConfig:
         startup_timeout_s: How long a worker waits for a PS to answer at start
             and for the chief to initialise the variables. Defaults to 120.
         max_message_bytes: Largest message a PS accepts. Defaults to 512 MiB.
-        heartbeat_interval_s: How often workers heart-beat. Defaults to 2.
+        heartbeat_interval_s: How often workers heart-beat. Must be below
+            ``heartbeat_timeout_s``. Defaults to 2.
         heartbeat_timeout_s: A worker silent this long is not live. Defaults to 30.
         max_updates_per_s: Caps how many pushes (update path) or gradients
             (gradient path) each PS task applies per second; further ones
@@ -301,16 +347,16 @@ class PSConfig:
     def __post_init__(self):
         if not isinstance(self.tune_malloc, bool):
             raise _fail("ps.tune_malloc", self.tune_malloc, "Give true or false.")
-        if self.max_updates_per_s is not None and (
-            isinstance(self.max_updates_per_s, bool) or not isinstance(self.max_updates_per_s, (int, float))
-            or self.max_updates_per_s <= 0
+        if self.max_updates_per_s is not None and not (
+            _is_number(self.max_updates_per_s) and math.isfinite(self.max_updates_per_s) and self.max_updates_per_s > 0
         ):
             raise _fail("ps.max_updates_per_s", self.max_updates_per_s,
-                        "Give a positive number of updates per second, or null for no cap.")
+                        "Give a finite positive number of updates per second, or null for no cap.")
         if self.placement not in ("round_robin", "greedy"):
             raise _fail("ps.placement", self.placement, 'Use "round_robin" or "greedy".')
         if self.partition_threshold_bytes is not None and (
-            not isinstance(self.partition_threshold_bytes, int) or self.partition_threshold_bytes <= 0
+            not _is_number(self.partition_threshold_bytes) or not isinstance(self.partition_threshold_bytes, int)
+            or self.partition_threshold_bytes <= 0
         ):
             raise _fail(
                 "ps.partition_threshold_bytes",
@@ -318,9 +364,15 @@ class PSConfig:
                 "Give a positive number of bytes, or null to never partition.",
             )
         for name in ("rpc_timeout_s", "startup_timeout_s", "heartbeat_interval_s", "heartbeat_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise _fail(f"ps.{name}", value, "Give a positive number of seconds.")
+            _check_seconds(f"ps.{name}", getattr(self, name))
+        if self.heartbeat_interval_s >= self.heartbeat_timeout_s:
+            raise ConfigError(
+                "Invalid config fields `ps.heartbeat_interval_s` and `ps.heartbeat_timeout_s`: workers would "
+                "heart-beat no more often than the silence that declares them dead. Received: "
+                f"ps.heartbeat_interval_s={self.heartbeat_interval_s!r}, "
+                f"ps.heartbeat_timeout_s={self.heartbeat_timeout_s!r}. Make the interval smaller than the timeout "
+                "(a third of it or less leaves room for a late heart-beat), e.g. 2 and 30."
+            )
         if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) or self.max_message_bytes < 1024:
             raise _fail("ps.max_message_bytes", self.max_message_bytes, "Give a number of bytes >= 1024.")
 
@@ -350,6 +402,9 @@ class SecurityConfig:
     tls_ca: str | None = None
 
     def __post_init__(self):
+        if not isinstance(self.token_env, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.token_env):
+            raise _fail("security.token_env", self.token_env,
+                        f"Give the name of an environment variable, e.g. {constants.ENV_TOKEN!r}.")
         if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 8):
             raise ConfigError(
                 "Invalid config field `security.token`: it must be a string of at "
@@ -425,8 +480,11 @@ class LaunchConfig:
         if not (t is None or t == "auto" or (isinstance(t, int) and not isinstance(t, bool) and t > 0)):
             raise _fail("launch.threads_per_task", t,
                         'Give "auto" (divide the cores among local training tasks), a positive number, or null.')
-        if self.job_timeout_s is not None and (not isinstance(self.job_timeout_s, (int, float)) or self.job_timeout_s <= 0):
-            raise _fail("launch.job_timeout_s", self.job_timeout_s, "Give a positive number of seconds or null.")
+        if not isinstance(self.log_all_tasks, bool):
+            raise _fail("launch.log_all_tasks", self.log_all_tasks, "Give true or false.")
+        if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
+            raise _fail("launch.log_dir", self.log_dir, "Give a directory path, or null for runs/<name>-<time>.")
+        _check_seconds("launch.job_timeout_s", self.job_timeout_s, nullable=True)
         if not isinstance(self.env, dict) or not all(isinstance(k, str) for k in self.env):
             raise _fail("launch.env", self.env, "Give a mapping of variable names to values.")
         self.env = {k: str(v) for k, v in self.env.items()}
@@ -436,9 +494,14 @@ class LaunchConfig:
         if not isinstance(self.slowdown, dict):
             raise _fail("launch.slowdown", self.slowdown, 'Map tasks to settings, e.g. {"worker:1": {"factor": 3}}.')
         for task, spec in self.slowdown.items():
-            parse_task(task)
+            try:
+                parse_task(task)
+            except ConfigError as e:
+                raise ConfigError(f"Invalid config field `launch.slowdown`: {e}") from None
             from tfdist.testing.slowdown import Slowdown
 
+            if not isinstance(spec, Mapping):
+                raise _fail(f"launch.slowdown.{task}", spec, 'Give its settings as a mapping, e.g. {"factor": 3}.')
             try:
                 Slowdown(**spec)
             except (TypeError, ValueError) as e:
@@ -521,17 +584,17 @@ class ElasticConfig:
                 raise _fail(f"elastic.{name}", value, f"Give an integer >= {low}.")
 
         def number(name, low, high=None):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
-                    high is not None and value > high):
-                raise _fail(f"elastic.{name}", value,
-                            f"Give a number >= {low}" + (f" and <= {high}." if high is not None else "."))
+            _check_number(f"elastic.{name}", getattr(self, name), low=low, high=high)
 
         for name in ("enabled", "autoscale", "replace_stragglers"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(f"elastic.{name}", getattr(self, name), "Write true or false.")
         integer("min_workers", 1)
         integer("max_workers", 1)
+        if self.max_workers > MAX_TASK_COUNT:
+            raise _fail("elastic.max_workers", self.max_workers,
+                        f"The cluster gets a worker slot for each, and a machine has {MAX_TASK_COUNT} ports to give. "
+                        "Use fewer.")
         if self.max_workers < self.min_workers:
             raise _fail("elastic.max_workers", self.max_workers,
                         f"Give at least min_workers ({self.min_workers}).")
@@ -553,14 +616,19 @@ class ElasticConfig:
         number("straggler_threshold", 0.0, 1.0)
         number("ewma_alpha", 0.0, 1.0)
         for name in ("poll_s", "drain_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise _fail(f"elastic.{name}", value, "Give a positive number of seconds.")
+            _check_seconds(f"elastic.{name}", getattr(self, name))
         if self.utility is not None:
             kind = self.utility.get("kind") if isinstance(self.utility, Mapping) else None
             if kind not in _UTILITY_KINDS:
                 raise _fail("elastic.utility", self.utility,
                             'Write {kind: linear, value_per_s: V} or {kind: deadline, deadline_s: D, value: V}, or null.')
+            from tfdist.elastic.policy import utility_from_dict
+
+            try:
+                utility_from_dict(self.utility)
+            except ConfigError as e:  # it names `utility.<field>`: say which section
+                raise ConfigError(str(e).replace("`utility", "`elastic.utility").replace(
+                    "Received: utility", "Received: elastic.utility")) from None
 
 
 @dataclass(frozen=True)
@@ -604,13 +672,20 @@ def _build(cls, data: Any, path: str):
     if not isinstance(data, Mapping):
         raise _fail(path, data, "Write this section as a mapping of fields.")
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(set(data) - names, key=str)
     if unknown:
         raise ConfigError(
-            f"Unknown config field `{path}.{unknown[0]}`. Received: {dict(data)!r}. "
+            f"Unknown config field `{path}.{unknown[0]}`. Received: {_short_repr(dict(data))}. "
             f"Fields of `{path}` are: {sorted(names)}."
         )
     return cls(**dict(data))
+
+
+def _short_repr(value: Any, limit: int = 300) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "...(cut)"
+
+
 
 
 @dataclass
@@ -664,7 +739,7 @@ class JobConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(f"A config must be a mapping. Received: {type(data).__name__}.")
         top = {"name"} | set(_SECTIONS)
-        unknown = sorted(set(data) - top)
+        unknown = sorted(set(data) - top, key=str)
         if unknown:
             raise ConfigError(
                 f"Unknown config field `{unknown[0]}`. Top-level fields are: {sorted(top)}."

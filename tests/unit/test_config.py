@@ -1,5 +1,6 @@
 """Config dataclasses: YAML files, dict round trip, ClusterSpec, TF_CONFIG, errors."""
 
+import dataclasses
 import glob
 import json
 import os
@@ -206,3 +207,81 @@ def test_local_launch_sets_intra_op_threads_only_on_training_tasks(monkeypatch, 
                                   "launch": {"env": {"TF_NUM_INTRAOP_THREADS": "7"}}})
     job = LocalJob(config, script="train.py", log_dir=str(tmp_path), forward=False)
     assert job._make(TaskSpec("worker", 0)).env["TF_NUM_INTRAOP_THREADS"] == "7"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Issue #12: every value a user types is checked at load, and the message names the field and the fix.
+
+TWO = {"ps": 1, "worker": 2}
+
+
+def _error(data) -> str:
+    with pytest.raises(ConfigError) as e:
+        JobConfig.from_dict(data)
+    return str(e.value)
+
+
+TIME_FIELDS = [
+    ("ps", "rpc_timeout_s"), ("ps", "startup_timeout_s"), ("ps", "heartbeat_interval_s"),
+    ("ps", "heartbeat_timeout_s"), ("launch", "job_timeout_s"), ("elastic", "drain_timeout_s"), ("elastic", "poll_s"),
+]
+
+
+@pytest.mark.parametrize("section, name", TIME_FIELDS)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), -1, 0, "30", True, [30], 1e12])
+def test_timeouts_must_be_finite_positive_numbers(section, name, value):
+    message = _error({section: {name: value}})
+    assert f"`{section}.{name}`" in message and "seconds" in message
+
+
+def test_timeouts_that_may_be_null_and_good_timeouts():
+    assert JobConfig.from_dict({"launch": {"job_timeout_s": None}}).launch.job_timeout_s is None
+    assert "`ps.rpc_timeout_s`" in _error({"ps": {"rpc_timeout_s": None}})
+    cfg = JobConfig.from_dict({"ps": {"rpc_timeout_s": 0.5, "heartbeat_interval_s": 1, "heartbeat_timeout_s": 3},
+                               "launch": {"job_timeout_s": 3600}, "elastic": {"poll_s": 0.1}})
+    assert JobConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"strategy": {"delta": float("nan")}}, "strategy.delta"),
+    ({"strategy": {"delta": True}}, "strategy.delta"),
+    ({"ps": {"max_updates_per_s": float("nan")}}, "ps.max_updates_per_s"),
+    ({"ps": {"max_updates_per_s": float("inf")}}, "ps.max_updates_per_s"),
+    ({"elastic": {"efficiency_threshold": float("nan")}}, "elastic.efficiency_threshold"),
+    ({"elastic": {"price_per_worker_s": float("inf")}}, "elastic.price_per_worker_s"),
+    ({"security": {"token_env": 5}}, "security.token_env"),
+    ({"security": {"token_env": ""}}, "security.token_env"),
+    ({"launch": {"log_dir": 5}}, "launch.log_dir"),
+    ({"launch": {"log_all_tasks": "yes"}}, "launch.log_all_tasks"),
+    ({"cluster": {"worker": 10 ** 12}}, "cluster.worker"),
+])
+def test_more_bad_values_are_named(data, field):
+    assert f"`{field}`" in _error(data)
+
+
+def test_a_heartbeat_interval_not_below_its_timeout_is_refused_naming_both():
+    for interval, timeout in ((30, 30), (40, 30), (5, 2)):
+        message = _error({"ps": {"heartbeat_interval_s": interval, "heartbeat_timeout_s": timeout}})
+        assert "ps.heartbeat_interval_s" in message and "ps.heartbeat_timeout_s" in message
+        assert f"ps.heartbeat_interval_s={interval}" in message and f"ps.heartbeat_timeout_s={timeout}" in message
+
+
+ODD_VALUES = [None, True, -1, 0, 2.5, float("nan"), float("inf"), "x", "", [], [1], {}, {"a": 1}, 10 ** 30]
+
+
+@pytest.mark.parametrize("section", ["cluster", "strategy", "ps", "security", "launch", "elastic"])
+def test_no_field_answers_an_odd_value_with_anything_but_a_config_error(section):
+    """Every field, every odd value: the config loads or raises ConfigError naming the field; never a traceback."""
+    from tfdist.config import _SECTIONS
+
+    for f in dataclasses.fields(_SECTIONS[section]):
+        for value in ODD_VALUES:
+            data = {section: {f.name: value}}
+            try:
+                cfg = JobConfig.from_dict(data)
+            except ConfigError as e:  # this field, or the one it is checked against
+                assert f"`{section}." in str(e) or "`cluster.worker`" in str(e), (data, str(e))
+            else:
+                assert JobConfig.from_dict(cfg.to_dict()) == cfg, data
+
+
