@@ -94,6 +94,11 @@ def _check_seconds(path: str, value: Any, nullable: bool = False) -> None:
                     + (", or null for no limit." if nullable else "."))
 
 
+def _address_key(address: str) -> str:
+    """``host:port`` with the host spelled one way (case, brackets, ``localhost``), to find duplicates."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]").lower()
+    return f"{'127.0.0.1' if host == 'localhost' else host}:{port}"
 
 
 def _check_address(path: str, address: Any) -> str:
@@ -154,6 +159,22 @@ class ClusterConfig:
             raise _fail("cluster.chief", self.chief, "A cluster has at most one chief.")
         if not self.chief and not self.worker:
             raise _fail("cluster.worker", self.worker, "Give at least one chief or worker task.")
+        self._check_distinct_addresses()
+
+    def _check_distinct_addresses(self) -> None:
+        """Two tasks cannot listen on one ``host:port`` (port 0, chosen later, may repeat)."""
+        seen: dict[str, str] = {}
+        for job in JOB_NAMES:
+            for i, address in enumerate(getattr(self, job)):
+                if address.endswith(":0"):
+                    continue
+                key, where = _address_key(address), f"cluster.{job}[{i}]"
+                if key in seen:
+                    raise _fail(where, address,
+                                f"{seen[key]} has the same address; two tasks cannot listen on one host:port. "
+                                "Give every task its own port (or write a count, e.g. `worker: 2`, and let the "
+                                "local launcher pick free ports).")
+                seen[key] = where
 
     # ------------------------------------------------------------------ views
     def jobs(self) -> dict[str, list[str]]:
@@ -712,6 +733,20 @@ class JobConfig:
             raise _fail("name", self.name, "Give a short job name without spaces or slashes.")
         if self.elastic.enabled:
             self._check_elastic_cluster()
+        self._check_replicas_to_aggregate()
+
+    def _check_replicas_to_aggregate(self) -> None:
+        """SyncReplicas cannot aggregate more gradients per step than the job has workers at its start."""
+        m = self.strategy.replicas_to_aggregate
+        have = self.starting_workers
+        if self.strategy.consistency not in ("sync_replicas", "bsp") or m is None or m <= have:
+            return
+        counted = (f"elastic.initial_workers={have}" if self.elastic.enabled
+                   else f"{len(self.cluster.chief)} chief + {len(self.cluster.worker)} worker task(s)")
+        raise _fail("strategy.replicas_to_aggregate", m,
+                    f"The job starts with {have} worker(s) ({counted}); a step cannot aggregate more gradients than "
+                    "there are workers (accumulating across steps is not supported). Use at most "
+                    f"{have}, or add workers.")
 
     def _check_elastic_cluster(self) -> None:
         """An elastic job needs a training-task slot for each of ``max_workers``."""

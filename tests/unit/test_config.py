@@ -150,10 +150,10 @@ def test_mode_configs_select_their_policy(name, expected):
 
 
 def test_more_replicas_to_aggregate_than_workers_is_refused():
-    cfg = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 2},
-                               "strategy": {"consistency": "sync_replicas", "replicas_to_aggregate": 3}})
+    strategy = JobConfig.from_dict({"strategy": {"consistency": "sync_replicas"}}).strategy
+    strategy.replicas_to_aggregate = 3
     with pytest.raises(ConfigError, match="accumulation across steps"):
-        cfg.strategy.policy_spec(cfg.cluster.num_workers)
+        strategy.policy_spec(2)
 
 
 def test_slowdown_and_input_args_validated():
@@ -219,6 +219,34 @@ def _error(data) -> str:
     with pytest.raises(ConfigError) as e:
         JobConfig.from_dict(data)
     return str(e.value)
+
+
+def test_replicas_to_aggregate_above_the_workers_is_refused_at_load():
+    message = _error({"cluster": TWO, "strategy": {"consistency": "sync_replicas", "replicas_to_aggregate": 3}})
+    assert "`strategy.replicas_to_aggregate`" in message and "replicas_to_aggregate=3" in message
+    assert "2 worker" in message
+    # the chief counts as a worker; an elastic job counts the workers it starts with
+    JobConfig.from_dict({"cluster": {"ps": 1, "chief": 1, "worker": 2},
+                         "strategy": {"consistency": "sync_replicas", "replicas_to_aggregate": 3}})
+    assert "`strategy.replicas_to_aggregate`" in _error({
+        "cluster": {"ps": 1, "worker": 4}, "strategy": {"consistency": "sync_replicas", "replicas_to_aggregate": 2},
+        "elastic": {"min_workers": 1, "max_workers": 4, "initial_workers": 1}})
+
+
+@pytest.mark.parametrize("cluster, field, other", [
+    ({"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2222"]}, "cluster.ps[0]", "cluster.worker[0]"),
+    ({"worker": ["h1:1", "h2:1", "h1:1"]}, "cluster.worker[2]", "cluster.worker[0]"),
+    ({"chief": ["localhost:5000"], "worker": ["127.0.0.1:5000"]}, "cluster.worker[0]", "cluster.chief[0]"),
+    ({"ps": ["Host-A:7"], "evaluator": ["host-a:7"], "worker": 1}, "cluster.evaluator[0]", "cluster.ps[0]"),
+])
+def test_the_same_address_twice_is_refused(cluster, field, other):
+    message = _error({"cluster": cluster})
+    assert f"`{field}`" in message and other in message and "own port" in message
+
+
+def test_port_zero_and_counts_may_repeat():
+    cfg = JobConfig.from_dict({"cluster": {"ps": 2, "worker": ["10.0.0.1:0", "10.0.0.2:0"]}})
+    assert cfg.cluster.ps == ["127.0.0.1:0"] * 2
 
 
 TIME_FIELDS = [
