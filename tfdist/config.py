@@ -19,12 +19,15 @@ Every value is validated when the dataclass is built; a bad value raises
 :class:`tfdist.errors.ConfigError` naming the field, the value received and
 the fix. Durations (``*_timeout_s``, ``*_interval_s``, ``poll_s``) are finite
 numbers of seconds above 0 and at most :data:`MAX_SECONDS` (booleans are not
-numbers).
+numbers). Files are read by :func:`read_config_file`: at most
+:data:`MAX_CONFIG_BYTES`, UTF-8, YAML whose aliases expand to at most
+:data:`MAX_CONFIG_NODES` nodes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -45,8 +48,11 @@ __all__ = [
     "TaskSpec",
     "JobConfig",
     "load_config",
+    "read_config_file",
     "parse_task",
     "MAX_SECONDS",
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_NODES",
 ]
 
 #: Jobs a cluster may have, in TF_CONFIG (Kubeflow TFJob) spelling.
@@ -60,6 +66,10 @@ MAX_SECONDS = 365 * 24 * 3600
 #: Most tasks a job given as a count may have: a count means tasks on 127.0.0.1, one port each, and a
 #: host has 64511 non-privileged ports. (A local launch has a lower limit: ``tfdist.cluster.local``.)
 MAX_TASK_COUNT = 65535 - 1024
+#: Largest config file read (a job config is a few KiB; a bigger file is the wrong file or an attack).
+MAX_CONFIG_BYTES = 1024 * 1024
+#: Most YAML nodes a config file may expand to, every use of an alias counted in full ("billion laughs").
+MAX_CONFIG_NODES = 100_000
 
 
 def _fail(path: str, value: Any, fix: str) -> ConfigError:
@@ -707,6 +717,10 @@ def _short_repr(value: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "...(cut)"
 
 
+def _kind(value: Any) -> str:
+    """``"a list"``, ``"an int"``: how a value's type reads in a message."""
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
 @dataclass
@@ -772,7 +786,10 @@ class JobConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> "JobConfig":
         """Builds and validates a config from a (YAML/JSON) mapping."""
         if not isinstance(data, Mapping):
-            raise ConfigError(f"A config must be a mapping. Received: {type(data).__name__}.")
+            raise ConfigError(
+                f"A config must be a mapping of sections (name, cluster, strategy, ...). Received: {_kind(data)}, "
+                f"{_short_repr(data, 100)}. Write e.g. `cluster: {{ps: 1, worker: 2}}`."
+            )
         top = {"name"} | set(_SECTIONS)
         unknown = sorted(set(data) - top, key=str)
         if unknown:
@@ -840,27 +857,107 @@ class JobConfig:
         return config, task
 
 
+@functools.lru_cache(maxsize=1)
+def _config_loader():
+    """A ``yaml.SafeLoader`` that refuses documents whose aliases expand past :data:`MAX_CONFIG_NODES` nodes."""
+    import yaml
+
+    class ConfigLoader(yaml.SafeLoader):
+        def compose_document(self):
+            node = super().compose_document()
+            _check_expanded_size(node, MAX_CONFIG_NODES)
+            return node
+
+    return ConfigLoader
+
+
+def _check_expanded_size(root, limit: int) -> None:
+    """Raises if the YAML node graph, aliases expanded, has more than ``limit`` nodes, or a cycle.
+
+    PyYAML shares an aliased node instead of copying it, so a few hundred bytes
+    of nested aliases ("billion laughs") describe billions of nodes that every
+    later walk over the data (validation, ``repr``, ``asdict``) expands.
+    """
+    import yaml
+
+    def children(node):
+        if isinstance(node, yaml.SequenceNode):
+            return node.value
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return ()
+
+    size: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_nodes.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children(node))
+            if size[key] > limit:
+                raise ConfigError(
+                    f"The YAML aliases (*name) expand to more than {limit} values: a config needs a few dozen. "
+                    "Write the values out, or use fewer nested aliases."
+                )
+            continue
+        if key in size:
+            continue
+        if key in open_nodes:
+            raise ConfigError("A YAML alias (*name) refers to a value that contains it (a cycle). Remove the cycle.")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node) if id(c) not in size)
+
+
+def read_config_file(path: str | os.PathLike) -> Any:
+    """Reads a YAML (or JSON) config file into plain Python data, refusing what no config looks like.
+
+    Refused, with a :class:`ConfigError` naming the file: a file that cannot
+    be read, one over :data:`MAX_CONFIG_BYTES`, text that is not UTF-8, YAML
+    that does not parse, nests too deeply, or whose aliases expand past
+    :data:`MAX_CONFIG_NODES` values. (The federated experiment loader uses it too.)
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"Cannot read config file {path!r}: {e.strerror or e}.") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"Config file {path!r} is larger than {MAX_CONFIG_BYTES // 1024} KiB; a config is a few "
+                          "KiB. Check the path.")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"Config file {path!r} is not UTF-8 text: byte 0x{raw[e.start]:02x} on line {line} "
+                          "cannot be decoded. Save the file as UTF-8.") from None
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_config_loader())  # noqa: S506 (a SafeLoader)
+    except ConfigError as e:
+        raise ConfigError(f"Config file {path!r}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"Config file {path!r} is not valid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"Config file {path!r} nests too deeply to be a config. Check the file.") from None
+
+
 def load_config(source: str | os.PathLike | Mapping[str, Any]) -> JobConfig:
     """Loads a :class:`JobConfig` from a YAML/JSON file path or a mapping.
 
     Raises:
-        ConfigError: the file is missing, not YAML, or has a bad field.
+        ConfigError: the file is missing, not UTF-8, not YAML, too big, not a
+            mapping, or has a bad field (see :func:`read_config_file`).
     """
     if isinstance(source, Mapping):
         return JobConfig.from_dict(source)
     path = os.fspath(source)
+    data = read_config_file(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"Cannot read config file {path!r}: {e.strerror}.") from e
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"Config file {path!r} is not valid YAML: {e}") from e
-    try:
-        return JobConfig.from_dict(data or {})
+        return JobConfig.from_dict({} if data is None else data)
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from e
+        raise ConfigError(f"{path}: {e}") from None

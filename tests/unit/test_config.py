@@ -313,3 +313,71 @@ def test_no_field_answers_an_odd_value_with_anything_but_a_config_error(section)
                 assert JobConfig.from_dict(cfg.to_dict()) == cfg, data
 
 
+# ------------------------------------------------------------------------------------------------ files
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\u00e9\ncluster: {ps: 1, worker: 1}\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml.*not UTF-8.*line 1.*UTF-8"):
+        load_config(path)
+    bom = tmp_path / "bom.yaml"
+    bom.write_bytes(b"\xef\xbb\xbfname: bom\n")
+    assert load_config(bom).name == "bom"
+
+
+@pytest.mark.parametrize("text, words", [
+    ("- cluster\n- ps\n", "a list"),
+    ("just words\n", "a str"),
+    ("42\n", "an int"),
+    ("1: 2\ncluster: {ps: 1, worker: 1}\n", "`1`"),
+])
+def test_a_config_file_that_is_not_a_mapping_is_named(tmp_path, text, words):
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "odd.yaml" in str(e.value) and words in str(e.value)
+
+
+def test_an_empty_config_file_is_the_default_job(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing\n")
+    assert load_config(path) == JobConfig()
+
+
+def _laughs(levels=9, width=9):
+    lines = ['a0: &a0 ["lol"]']
+    for i in range(1, levels + 1):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * width) + "]")
+    return "\n".join(lines) + f"\nname: *a{levels}\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    import time
+
+    path = tmp_path / "laughs.yaml"
+    path.write_text(_laughs())
+    assert len(path.read_text()) < 600
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"laughs.yaml.*alias"):
+        load_config(path)
+    assert time.monotonic() - t0 < 5
+    recursive = tmp_path / "loop.yaml"
+    recursive.write_text("name: &x [*x]\n")
+    with pytest.raises(ConfigError, match=r"loop.yaml.*alias"):
+        load_config(recursive)
+    fine = tmp_path / "anchors.yaml"  # ordinary anchors and merges still work
+    fine.write_text("cluster: {ps: &n 2, worker: *n}\nlaunch: &l {log_all_tasks: true}\n")
+    assert load_config(fine).cluster.num_workers == 2
+
+
+def test_a_huge_or_deep_config_file_is_refused(tmp_path):
+    from tfdist.config import MAX_CONFIG_BYTES
+
+    big = tmp_path / "big.yaml"
+    big.write_text("# " + "x" * MAX_CONFIG_BYTES + "\n")
+    with pytest.raises(ConfigError, match=r"big.yaml.*larger than"):
+        load_config(big)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match=r"deep.yaml.*nest"):
+        load_config(deep)
