@@ -406,6 +406,17 @@ class PSConfig:
             )
         if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) or self.max_message_bytes < 1024:
             raise _fail("ps.max_message_bytes", self.max_message_bytes, "Give a number of bytes >= 1024.")
+#: PEM block each TLS file must hold, by field.
+_PEM_BLOCKS = {
+    "tls_cert": ("CERTIFICATE", re.compile(rb"-----BEGIN (?:TRUSTED )?CERTIFICATE-----")),
+    "tls_key": ("PRIVATE KEY", re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
+    "tls_ca": ("CERTIFICATE", re.compile(rb"-----BEGIN (?:TRUSTED )?CERTIFICATE-----")),
+}
+_ANY_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
+#: TLS files each kind of task reads (``check_tls_files(job=...)``); ``None``: a local launch reads them all.
+_TLS_FILES_BY_JOB = {"ps": ("tls_cert", "tls_key"), "chief": ("tls_ca",), "worker": ("tls_ca",),
+                     "evaluator": ("tls_ca",), "input": (), None: ("tls_cert", "tls_key", "tls_ca")}
+_MAX_PEM_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -416,6 +427,13 @@ class SecurityConfig:
     a fresh one per job; for multi-machine jobs put the same token in the
     environment variable named by ``token_env`` on every machine.
 
+    TLS is all or nothing: the PS serves with ``tls_cert`` and ``tls_key``
+    and the workers verify it with ``tls_ca``, so give all three or none.
+    The files are checked (they exist, can be read and hold the right PEM
+    block) by :meth:`check_tls_files`, which ``python -m tfdist.launch`` calls
+    before starting anything; each machine of a ``--task`` launch checks only
+    the files its task reads.
+
     Attributes:
         token: The token itself. Prefer ``token_env``: a token in a file ends
             up in version control. Defaults to ``None``.
@@ -423,7 +441,8 @@ class SecurityConfig:
             ``"TFDIST_TOKEN"``.
         tls_cert: PEM certificate chain of the PS (enables TLS with ``tls_key``).
         tls_key: PEM private key of the PS.
-        tls_ca: PEM root certificate workers use to verify the PS.
+        tls_ca: PEM root certificate workers use to verify the PS (the PS's own
+            certificate when it is self-signed).
     """
 
     token: str | None = None
@@ -442,16 +461,72 @@ class SecurityConfig:
                 "least 8 characters (value not shown). Prefer setting it in the "
                 f"environment variable named by `security.token_env` ({self.token_env})."
             )
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise _fail(
-                "security.tls_cert",
-                self.tls_cert,
-                "Give both `security.tls_cert` and `security.tls_key`, or neither.",
-            )
         for name in ("tls_cert", "tls_key", "tls_ca"):
             path = getattr(self, name)
-            if path is not None and not isinstance(path, str):
-                raise _fail(f"security.{name}", path, "Give a path to a PEM file.")
+            if path is not None and (not isinstance(path, str) or not path):
+                raise _fail(f"security.{name}", path, "Give the path of a PEM file for TLS, or null.")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            given, missing = ("tls_cert", "tls_key") if self.tls_cert else ("tls_key", "tls_cert")
+            raise _fail(f"security.{given}", getattr(self, given),
+                        f"TLS needs both `security.tls_cert` and `security.tls_key` (the PS's certificate and its "
+                        f"private key), and `security.{missing}` is missing. Give both, or neither.")
+        if bool(self.tls_cert) != bool(self.tls_ca):
+            if self.tls_ca:
+                raise _fail("security.tls_ca", self.tls_ca,
+                            "TLS needs both sides: workers verify the PS with `security.tls_ca`, but the PS has no "
+                            "certificate to serve TLS with. Give `security.tls_cert` and `security.tls_key` too, "
+                            "or remove `security.tls_ca`.")
+            raise _fail("security.tls_ca", None,
+                        "TLS needs both sides: the PS serves TLS with `security.tls_cert`/`tls_key`, and workers "
+                        "need `security.tls_ca` (the CA that signed that certificate, or the certificate itself "
+                        "when it is self-signed) to verify it. Give it, or remove tls_cert and tls_key.")
+
+    def check_tls_files(self, job: str | None = None) -> None:
+        """Checks that the TLS files a task reads exist, can be read and are PEM.
+
+        Args:
+            job: The kind of task on this machine (``"ps"`` reads ``tls_cert``
+                and ``tls_key``; ``"chief"``, ``"worker"``, ``"evaluator"``
+                read ``tls_ca``). Defaults to ``None``: every file (a local
+                launch runs every task here).
+
+        Raises:
+            ConfigError: naming the field and the file, and saying what is wrong.
+        """
+        for name in _TLS_FILES_BY_JOB.get(job, _TLS_FILES_BY_JOB[None]):
+            path = getattr(self, name)
+            if not path:
+                continue
+            what, pattern = _PEM_BLOCKS[name]
+            role = {"tls_cert": "the PS's TLS certificate", "tls_key": "the PS's TLS private key",
+                    "tls_ca": "the TLS root certificate workers verify the PS with"}[name]
+
+            def bad(problem: str) -> ConfigError:
+                return _fail(f"security.{name}", path,
+                             f"The TLS file {problem}. Give the path of a PEM file with {role} "
+                             f"(a '-----BEGIN {what}-----' block), readable on every machine whose task uses it.")
+
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(_MAX_PEM_BYTES + 1)
+            except FileNotFoundError:
+                raise bad("does not exist") from None
+            except IsADirectoryError:
+                raise bad("is not a file (a directory)") from None
+            except PermissionError:
+                raise bad("cannot be read (permission denied)") from None
+            except OSError as e:
+                raise bad(f"cannot be read ({e.strerror or e})") from None
+            if len(data) > _MAX_PEM_BYTES:
+                raise bad("is not PEM (it is larger than 1 MiB)")
+            if pattern.search(data) is None:
+                found = _ANY_PEM_BLOCK.search(data)
+                if found is None:
+                    raise bad("is not PEM (no '-----BEGIN ...-----' block)")
+                block = found.group(1).decode("ascii")
+                hint = " (did you swap `security.tls_cert` and `security.tls_key`?)" \
+                    if name in ("tls_cert", "tls_key") else ""
+                raise bad(f"holds a {block} block but no {what}{hint}")
 
     @property
     def tls(self) -> bool:

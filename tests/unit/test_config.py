@@ -313,6 +313,62 @@ def test_no_field_answers_an_odd_value_with_anything_but_a_config_error(section)
                 assert JobConfig.from_dict(cfg.to_dict()) == cfg, data
 
 
+# ------------------------------------------------------------------------------------------------- TLS
+def _pem(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text(body)
+    return str(path)
+
+
+CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+KEY = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"
+
+
+def test_tls_files_are_checked(tmp_path):
+    cert, key, ca = _pem(tmp_path, "cert.pem", CERT), _pem(tmp_path, "key.pem", KEY), _pem(tmp_path, "ca.pem", CERT)
+    good = JobConfig.from_dict({"security": {"tls_cert": cert, "tls_key": key, "tls_ca": ca}})
+    good.security.check_tls_files()
+    cases = [
+        ({"tls_ca": str(tmp_path / "missing.pem")}, "security.tls_ca", "does not exist"),
+        ({"tls_ca": str(tmp_path)}, "security.tls_ca", "not a file"),
+        ({"tls_ca": _pem(tmp_path, "junk.pem", "hello\n")}, "security.tls_ca", "not PEM"),
+        ({"tls_cert": key, "tls_key": cert}, "security.tls_cert", "swap"),
+        ({"tls_key": _pem(tmp_path, "ca-as-key.pem", CERT)}, "security.tls_key", "PRIVATE KEY"),
+    ]
+    for change, field, words in cases:
+        sec = {"tls_cert": cert, "tls_key": key, "tls_ca": ca, **change}
+        cfg = JobConfig.from_dict({"security": sec})
+        with pytest.raises(ConfigError) as e:
+            cfg.security.check_tls_files()
+        message = str(e.value)
+        assert f"`{field}`" in message and "TLS" in message and words in message, message
+        assert repr(sec[field.split(".")[1]]) in message  # names the file
+    # a parameter server needs only its certificate and key, a worker only the CA
+    cfg = JobConfig.from_dict({"security": {"tls_cert": cert, "tls_key": key, "tls_ca": str(tmp_path / "no.pem")}})
+    cfg.security.check_tls_files(job="ps")
+    with pytest.raises(ConfigError, match="security.tls_ca"):
+        cfg.security.check_tls_files(job="worker")
+
+
+def test_an_unreadable_tls_file_is_named(tmp_path):
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        pytest.skip("root reads every file")
+    ca = _pem(tmp_path, "ca.pem", CERT)
+    os.chmod(ca, 0)
+    cfg = JobConfig.from_dict({"security": {"tls_ca": ca, "tls_cert": ca, "tls_key": _pem(tmp_path, "k.pem", KEY)}})
+    with pytest.raises(ConfigError, match=r"`security.tls_cert`.*TLS.*cannot be read"):
+        cfg.security.check_tls_files()
+
+
+def test_tls_needs_both_sides():
+    assert "`security.tls_key`" in _error({"security": {"tls_cert": "c.pem", "tls_ca": "ca.pem"}})
+    assert "`security.tls_cert`" in _error({"security": {"tls_key": "k.pem", "tls_ca": "ca.pem"}})
+    message = _error({"security": {"tls_ca": "ca.pem"}})
+    assert "`security.tls_ca`" in message and "TLS" in message and "tls_cert" in message
+    message = _error({"security": {"tls_cert": "c.pem", "tls_key": "k.pem"}})
+    assert "`security.tls_ca`" in message and "TLS" in message
+
+
 # ------------------------------------------------------------------------------------------------ files
 def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
     path = tmp_path / "latin1.yaml"

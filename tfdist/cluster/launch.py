@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_one_task(config, task, script, script_args) -> int:
+    config.security.check_tls_files(job=task.job)
     if config.cluster.is_unassigned():
         raise ConfigError(
             "--task needs every task's real address in cluster (host:port); this config uses counts "
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run_one_task(config, parse_task(args.task), args.script, args.script_args)
         if not args.script:
             raise ConfigError("Give the training script to run, e.g. examples/train_digits.py.")
+        config.security.check_tls_files()  # every task runs here
         job = LocalJob(config, args.script, args.script_args, log_dir=args.log_dir)
     except TfdistError as e:
         print(f"tfdist.launch: {e}", file=sys.stderr)
