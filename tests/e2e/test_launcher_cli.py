@@ -142,3 +142,48 @@ def test_task_mode_refuses_missing_token(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tfdist.launch", "--config", str(cfg), "--task", "ps:0"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "TFDIST_TOKEN" in r.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Issue #12: a config mistake exits 2 at once (before TensorFlow or any task starts), naming the field.
+
+LAUGHS = "a0: &a0 [lol]\n" + "".join(
+    f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10)) + "name: *a9\n"
+BAD_CONFIGS = [
+    ("replicas", "cluster: {ps: 1, worker: 2}\nstrategy: {consistency: sync_replicas, replicas_to_aggregate: 3}\n",
+     ["strategy.replicas_to_aggregate", "2 worker"]),
+    ("duplicate", 'cluster: {ps: ["127.0.0.1:5000"], worker: ["127.0.0.1:5000"]}\n',
+     ["cluster.worker[0]", "cluster.ps[0]"]),
+    ("nan", "ps: {rpc_timeout_s: .nan}\n", ["ps.rpc_timeout_s", "nan"]),
+    ("inf", "launch: {job_timeout_s: .inf}\n", ["launch.job_timeout_s", "inf"]),
+    ("bool", "ps: {startup_timeout_s: yes}\n", ["ps.startup_timeout_s", "True"]),
+    ("heartbeat", "ps: {heartbeat_interval_s: 40, heartbeat_timeout_s: 30}\n",
+     ["ps.heartbeat_interval_s=40", "ps.heartbeat_timeout_s=30"]),
+    ("tls", "security: {tls_cert: /nonexistent/cert.pem, tls_key: /nonexistent/key.pem, tls_ca: /nonexistent/ca.pem}\n",
+     ["security.tls_cert", "TLS", "/nonexistent/cert.pem"]),
+    ("half-tls", "security: {tls_cert: cert.pem}\n", ["security.tls_cert", "tls_key"]),
+    ("latin1", "name: caf\u00e9\n".encode("latin-1"), ["not UTF-8", "UTF-8"]),
+    ("list", "- cluster\n- ps\n", ["mapping", "a list"]),
+    ("workers", "cluster: {ps: 1, worker: 100000}\n", ["cluster.worker", "100000", "--task"]),
+    ("local-workers", "cluster: {ps: 1, worker: 5000}\n", ["cluster.worker", "5000", "at most", "--task"]),
+    ("laughs", LAUGHS, ["alias"]),
+]
+
+
+@pytest.mark.parametrize("name, text, words", BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
+def test_config_mistakes_exit_2_at_once_naming_the_field(tmp_path, name, text, words):
+    cfg = tmp_path / f"{name}.yaml"
+    if isinstance(text, bytes):
+        cfg.write_bytes(text)
+    else:
+        cfg.write_text(text)
+    t0 = time.monotonic()
+    r = _launch(["--config", str(cfg), "examples/train_digits.py"], timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and r.stderr.startswith("tfdist.launch: ")
+    for word in words:
+        assert word in r.stderr, r.stderr
+    assert len(r.stderr) < 1500
+    assert time.monotonic() - t0 < 30  # no TensorFlow import, no task started
+
+

@@ -24,6 +24,10 @@ def test_every_shipped_config_loads(path):
         pytest.skip("not a cluster job config")
     cfg = load_config(path)
     assert JobConfig.from_dict(cfg.to_dict()) == cfg
+    from tfdist.cluster.local import check_local_task_count
+
+    if cfg.cluster.is_local():
+        check_local_task_count(cfg, limit=64)
 
 
 def test_counts_become_unassigned_local_addresses():

@@ -67,3 +67,45 @@ def test_a_clean_exit_fails_only_while_the_servers_must_run():
     job.check_servers(clean_exit_ok=True)  # a PS exits 0 by itself once every worker is done
     with pytest.raises(LaunchError, match="ps:0 exited with code 0"):
         job.check_servers()
+
+
+# ------------------------------------------------------------------------------------ task counts, ports
+def test_local_task_limit_counts_memory_and_open_files():
+    from tfdist.cluster.local import local_task_limit
+
+    gib = 2 ** 30
+    assert local_task_limit(memory_bytes=4 * gib, open_files=100_000) == 16  # 256 MiB per task
+    assert local_task_limit(memory_bytes=1024 * gib, open_files=1024) == (1024 - 64) // 8
+    assert local_task_limit(memory_bytes=1, open_files=1) == 1
+
+
+def test_a_local_launch_refuses_more_tasks_than_the_machine_can_run():
+    from tfdist.cluster.local import check_local_task_count
+    from tfdist.errors import ConfigError
+
+    config = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 5000}})
+    with pytest.raises(ConfigError) as e:
+        check_local_task_count(config, limit=64)
+    message = str(e.value)
+    assert "`cluster.worker`" in message and "cluster.worker=5000" in message and "at most 64" in message
+    assert "--task" in message and len(message) < 600
+    with pytest.raises(ConfigError, match="cluster.worker"):  # this machine cannot run 5001 tasks either
+        LocalJob(config, script="train.py", log_dir="/logs", forward=False)
+    check_local_task_count(JobConfig.from_dict({"cluster": {"ps": 2, "worker": 8}}), limit=10)
+    elastic = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 1}, "elastic": {"max_workers": 500}})
+    with pytest.raises(ConfigError, match="elastic.max_workers"):
+        check_local_task_count(elastic, limit=64)
+
+
+def test_free_ports_are_distinct_and_picked_at_once():
+    import time
+
+    from tfdist.cluster.local import assign_ports, free_ports
+
+    t0 = time.monotonic()
+    ports = free_ports(300)
+    assert len(set(ports)) == 300 and time.monotonic() - t0 < 5
+    config = assign_ports(JobConfig.from_dict({"cluster": {"ps": 3, "worker": ["127.0.0.1:5000", "127.0.0.1:0", "127.0.0.1:0"]}}))
+    addresses = config.cluster.ps + config.cluster.worker
+    assert len(set(addresses)) == 6 and "127.0.0.1:5000" in addresses
+    assert not any(a.endswith(":0") for a in addresses)

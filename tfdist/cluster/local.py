@@ -18,9 +18,10 @@ from typing import IO, Sequence
 from tfdist import constants
 from tfdist.cluster.process import TaskProcess
 from tfdist.config import JOB_NAMES, UNASSIGNED, ClusterConfig, JobConfig, TaskSpec
-from tfdist.errors import LaunchError
+from tfdist.errors import ConfigError, LaunchError
 
-__all__ = ["LocalJob", "assign_ports", "task_environment", "free_port"]
+__all__ = ["LocalJob", "assign_ports", "task_environment", "free_port", "free_ports", "local_task_limit",
+           "check_local_task_count"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,14 @@ TRAINING_JOBS = ("chief", "worker")
 SERVER_JOBS = ("ps", "input")
 
 
+#: Memory budgeted per task of a local launch: a TensorFlow worker process needs about this much or more.
+LOCAL_TASK_MEMORY_BYTES = 256 * 1024 * 1024
+#: Open files the launcher holds per task (two pipes, a log file) with room to spare.
+LOCAL_TASK_OPEN_FILES = 8
+#: Open files the launcher keeps for itself.
+_LAUNCHER_OPEN_FILES = 64
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago on ``host``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -37,24 +46,107 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports that were free a moment ago on ``host``.
+
+    All sockets stay bound until every port is chosen, so the kernel never
+    hands out one port twice: one ``bind`` per port, no retries.
+
+    Raises:
+        LaunchError: the machine has not that many free ports (or file descriptors).
+    """
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, 0))
+            except OSError:
+                s.close()
+                raise
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    except OSError as e:
+        raise LaunchError(f"Could not find {count} free ports on {host} ({e.strerror or e}; {len(sockets)} "
+                          "found). Use fewer tasks.") from None
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def assign_ports(config: JobConfig) -> JobConfig:
     """A copy of ``config`` whose ``127.0.0.1:0`` tasks have distinct free ports."""
     config = dataclasses.replace(config, cluster=dataclasses.replace(config.cluster))
-    used: set[int] = set()
-    jobs = {}
-    for job in JOB_NAMES:
-        addrs = []
-        for addr in getattr(config.cluster, job):
-            if addr == UNASSIGNED:
-                port = free_port()
-                while port in used:
-                    port = free_port()
-                used.add(port)
-                addr = f"127.0.0.1:{port}"
-            addrs.append(addr)
-        jobs[job] = addrs
+    wanted = sum(addr == UNASSIGNED for job in JOB_NAMES for addr in getattr(config.cluster, job))
+    ports = iter(free_ports(wanted))
+    jobs = {job: [f"127.0.0.1:{next(ports)}" if addr == UNASSIGNED else addr for addr in getattr(config.cluster, job)]
+            for job in JOB_NAMES}
     config.cluster = ClusterConfig(**jobs)
     return config
+
+
+def _physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _open_file_limit() -> int | None:
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def local_task_limit(memory_bytes: int | None = None, open_files: int | None = None) -> int:
+    """Most tasks a local launch starts on this machine.
+
+    Each task is budgeted :data:`LOCAL_TASK_MEMORY_BYTES` (256 MiB) of the
+    physical memory and :data:`LOCAL_TASK_OPEN_FILES` of the launcher's open
+    files: a job past that cannot run here, and starting it would swap, fail
+    half-way or (picking ports for 100000 tasks) hang.
+
+    Args:
+        memory_bytes: Physical memory. Defaults to this machine's.
+        open_files: The launcher's open-file limit. Defaults to this process's soft ``RLIMIT_NOFILE``.
+    """
+    memory_bytes = _physical_memory_bytes() if memory_bytes is None else memory_bytes
+    open_files = _open_file_limit() if open_files is None else open_files
+    limits = []
+    if memory_bytes:
+        limits.append(memory_bytes // LOCAL_TASK_MEMORY_BYTES)
+    if open_files:
+        limits.append((open_files - _LAUNCHER_OPEN_FILES) // LOCAL_TASK_OPEN_FILES)
+    return max(1, min(limits)) if limits else 1024
+
+
+def check_local_task_count(config: JobConfig, limit: int | None = None) -> None:
+    """Refuses a local launch of more tasks than :func:`local_task_limit` (or ``limit``).
+
+    Raises:
+        ConfigError: naming the field with the most tasks (``elastic.max_workers``
+            when the elastic section sized the cluster), how many tasks, and the limit.
+    """
+    limit = local_task_limit() if limit is None else limit
+    counts = {job: len(getattr(config.cluster, job)) for job in JOB_NAMES}
+    total = sum(counts.values())
+    if total <= limit:
+        return
+    if config.elastic.enabled and config.elastic.max_workers >= max(counts.values()):
+        field, value = "elastic.max_workers", config.elastic.max_workers
+    else:
+        job = max(counts, key=counts.get)
+        field, value = f"cluster.{job}", counts[job]
+    raise ConfigError(
+        f"Invalid config field `{field}`. Received: {field}={value} ({total} tasks in all). A local launch runs "
+        f"every task on this machine, which runs at most {limit} (each task is budgeted "
+        f"{LOCAL_TASK_MEMORY_BYTES // 2 ** 20} MiB of memory and {LOCAL_TASK_OPEN_FILES} open files). Use fewer "
+        "tasks, or list host:port addresses and start one task per machine with --task."
+    )
 
 
 def task_environment(config: JobConfig, task: TaskSpec, token: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -153,6 +245,7 @@ class LocalJob:
         forward: bool = True,
         env: dict[str, dict[str, str]] | None = None,
     ):
+        check_local_task_count(config)
         self.config = assign_ports(config)
         self.script = script
         self.script_args = list(script_args)
