@@ -187,3 +187,23 @@ def test_config_mistakes_exit_2_at_once_naming_the_field(tmp_path, name, text, w
     assert time.monotonic() - t0 < 30  # no TensorFlow import, no task started
 
 
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])
+def test_a_bad_timeout_option_exits_2(tmp_path, value):
+    r = _launch(["--config", "configs/local_async.yaml", "--timeout", value, "examples/train_digits.py"], timeout=60)
+    assert r.returncode == 2 and "--timeout" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_timeout_stops_every_task_and_names_the_option(tmp_path):
+    tag = f"sleeper-{os.getpid()}-{time.time_ns()}"
+    script = tmp_path / "sleep.py"
+    script.write_text("import sys, time\nprint('sleeping', sys.argv[1:], flush=True)\ntime.sleep(120)\n")
+    cfg = tmp_path / "sleep.yaml"
+    cfg.write_text("name: sleepy\ncluster: {ps: 1, worker: 2}\n")
+    t0 = time.monotonic()
+    r = _launch(["--config", str(cfg), "--log-dir", str(tmp_path / "logs"), "--timeout", "3", str(script), tag],
+                timeout=90)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "--timeout" in r.stderr and "3 s" in r.stderr and "Stopped all tasks" in r.stderr, r.stderr[-2000:]
+    assert 3 <= took < 40
+    assert _tagged(tag) == []

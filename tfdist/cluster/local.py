@@ -353,8 +353,14 @@ class LocalJob:
         return self.start_task(self.tasks[key].task if key in self.tasks else TaskSpec(*key.split(":")))
 
     # ---------------------------------------------------------------- watch
-    def wait(self, timeout: float | None = None, poll_s: float = 0.1) -> None:
+    def wait(self, timeout: float | None = None, poll_s: float = 0.1,
+             timeout_setting: str = "launch.job_timeout_s") -> None:
         """Returns when every training task has exited 0.
+
+        Args:
+            timeout: Bound on the wait in seconds. Defaults to ``launch.job_timeout_s``.
+            poll_s: How often the tasks are polled.
+            timeout_setting: The setting ``timeout`` came from, named when it expires.
 
         Raises:
             LaunchError: a task failed (the message names it and shows the
@@ -376,7 +382,7 @@ class LocalJob:
                 running = [k for k, p in self.tasks.items() if p.running]
                 self.stop()
                 raise LaunchError(
-                    f"The job did not finish within {timeout:g} s (setting launch.job_timeout_s); "
+                    f"The job did not finish within {timeout:g} s ({timeout_setting}); "
                     f"still running: {running}. Stopped all tasks. Logs: {self.log_dir}"
                 )
             time.sleep(poll_s)

@@ -428,8 +428,9 @@ class ElasticEngine:
 
     # ----------------------------------------------------------------- run
     def run(self, timeout: float | None = None,
-            on_poll: Callable[["ElasticEngine"], None] | None = None) -> EngineResult:
-        """Starts the job and polls until it is over (or ``timeout``, which raises).
+            on_poll: Callable[["ElasticEngine"], None] | None = None,
+            timeout_setting: str = "launch.job_timeout_s") -> EngineResult:
+        """Starts the job and polls until it is over (or ``timeout``, which raises naming ``timeout_setting``).
 
         ``on_poll(engine)`` runs after every poll (a hook for watchdogs,
         experiments and tests; it may raise to abort the job).
@@ -441,8 +442,8 @@ class ElasticEngine:
                 if on_poll is not None:
                     on_poll(self)
                 if deadline is not None and self.clock() > deadline:
-                    raise LaunchError(f"The elastic job did not finish within {timeout:g} s; "
-                                      f"workers still running: {sorted(self.workers)}.")
+                    raise LaunchError(f"The elastic job did not finish within {timeout:g} s ({timeout_setting}); "
+                                      f"workers still running: {sorted(self.workers)}. Stopped all tasks.")
                 time.sleep(self.e.poll_s)
         finally:
             self._close()
