@@ -13,7 +13,7 @@ A config file in ``configs/`` maps one to one onto :class:`JobConfig`::
     strategy: {consistency: async}
     ps: {placement: round_robin, partition_threshold_bytes: null, rpc_timeout_s: 30}
     security: {token_env: TFDIST_TOKEN, tls_cert: null, tls_key: null, tls_ca: null}
-    launch: {log_all_tasks: false}
+    launch: {log_all_tasks: false, on_worker_failure: auto}
 
 Every value is validated when the dataclass is built; a bad value raises
 :class:`tfdist.errors.ConfigError` naming the field, the value received and
@@ -70,6 +70,8 @@ MAX_TASK_COUNT = 65535 - 1024
 MAX_CONFIG_BYTES = 1024 * 1024
 #: Most YAML nodes a config file may expand to, every use of an alias counted in full ("billion laughs").
 MAX_CONFIG_NODES = 100_000
+#: The policies of ``launch.on_worker_failure`` (see ``tfdist.cluster.failure``).
+ON_WORKER_FAILURE = ("auto", "continue", "stop")
 
 
 def _fail(path: str, value: Any, fix: str) -> ConfigError:
@@ -406,6 +408,8 @@ class PSConfig:
             )
         if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) or self.max_message_bytes < 1024:
             raise _fail("ps.max_message_bytes", self.max_message_bytes, "Give a number of bytes >= 1024.")
+
+
 #: PEM block each TLS file must hold, by field.
 _PEM_BLOCKS = {
     "tls_cert": ("CERTIFICATE", re.compile(rb"-----BEGIN (?:TRUSTED )?CERTIFICATE-----")),
@@ -571,6 +575,18 @@ class LaunchConfig:
             uses every core). A ``TF_NUM_INTRAOP_THREADS`` already in the
             environment or in ``launch.env`` wins. ``--task`` launches (one
             task per machine) are never changed.
+        on_worker_failure: What a local launch does when a training task
+            exits non-zero. ``"auto"`` (the default) goes on without a worker
+            the consistency mode can do without — any worker but the chief
+            (worker 0) under ``async``, ``ssp``, ``dtssp`` and ``bsp``; under
+            ``sync_replicas`` while at least ``replicas_to_aggregate``
+            workers remain; any worker of an elastic job — and stops the job
+            otherwise. ``"continue"`` never stops for a worker other than the
+            chief; ``"stop"`` stops the whole job when any task fails. The
+            chief's, a parameter server's or an input task's failure always
+            stops the job; a job that went on exits 0 when the chief (and
+            every worker not left out) exited 0. See
+            :func:`tfdist.cluster.failure.decide_worker_failure`.
     """
 
     log_all_tasks: bool = False
@@ -580,6 +596,7 @@ class LaunchConfig:
     input_args: list[str] = field(default_factory=list)
     slowdown: dict[str, dict] = field(default_factory=dict)
     threads_per_task: int | str | None = "auto"
+    on_worker_failure: str = "auto"
 
     def __post_init__(self):
         t = self.threads_per_task
@@ -591,6 +608,10 @@ class LaunchConfig:
         if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
             raise _fail("launch.log_dir", self.log_dir, "Give a directory path, or null for runs/<name>-<time>.")
         _check_seconds("launch.job_timeout_s", self.job_timeout_s, nullable=True)
+        if not isinstance(self.on_worker_failure, str) or self.on_worker_failure not in ON_WORKER_FAILURE:
+            raise _fail("launch.on_worker_failure", self.on_worker_failure,
+                        f"Use one of {list(ON_WORKER_FAILURE)}: auto goes on without a worker the consistency mode "
+                        "can do without, continue goes on without any worker but the chief, stop stops the job.")
         if not isinstance(self.env, dict) or not all(isinstance(k, str) for k in self.env):
             raise _fail("launch.env", self.env, "Give a mapping of variable names to values.")
         self.env = {k: str(v) for k, v in self.env.items()}

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -57,12 +58,35 @@ def test_a_failing_worker_stops_the_job_and_is_named(tmp_path):
     tag = f"crash-{os.getpid()}-{time.time_ns()}"
     out = tmp_path / "out"
     out.mkdir()
-    r = _launch(["--config", "configs/local_async.yaml", "--log-dir", str(tmp_path / "logs"), SCRIPT,
+    cfg = tmp_path / "stop.yaml"  # local_async.yaml, but any failed task stops the job (today's default was this)
+    cfg.write_text((pathlib.Path(ROOT) / "configs" / "local_async.yaml").read_text()
+                   + "  on_worker_failure: stop\n")
+    r = _launch(["--config", str(cfg), "--log-dir", str(tmp_path / "logs"), SCRIPT,
                  "--out", str(out), "--epochs", "100", "--crash-after-epochs", "1", "--crash-worker", "1",
                  "--tag", tag], timeout=300)
     assert r.returncode == 1
     assert "worker:1 exited with code 3" in r.stderr and "crashing on purpose" in r.stderr
+    assert "launch.on_worker_failure" in r.stderr
     assert _tagged(tag) == []
+
+
+def test_an_async_job_goes_on_without_a_failed_worker_and_exits_0(tmp_path):
+    """launch.on_worker_failure: auto (the default): async training does not need worker 1."""
+    tag = f"goes-on-{os.getpid()}-{time.time_ns()}"
+    out = tmp_path / "out"
+    out.mkdir()
+    cfg = tmp_path / "async.yaml"
+    cfg.write_text("name: goes-on\ncluster: {ps: 1, worker: 2}\nstrategy: {consistency: async}\n")
+    t0 = time.monotonic()
+    r = _launch(["--config", str(cfg), "--log-dir", str(tmp_path / "logs"), SCRIPT, "--out", str(out),
+                 "--epochs", "3", "--crash-after-epochs", "1", "--crash-worker", "1", "--tag", tag], timeout=200)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "worker:1 exited with code 3" in r.stderr and "goes on without it" in r.stderr
+    assert json.loads((out / "worker-0.json").read_text())["is_chief"]  # the chief finished its training
+    assert not (out / "worker-1.json").exists()
+    assert "worker 0 final accuracy" in r.stdout
+    assert _tagged(tag) == []
+    print(f"job with a failed worker: {time.monotonic() - t0:.1f} s")
 
 
 def test_ctrl_c_stops_every_task(tmp_path):
@@ -167,6 +191,7 @@ BAD_CONFIGS = [
     ("workers", "cluster: {ps: 1, worker: 100000}\n", ["cluster.worker", "100000", "--task"]),
     ("local-workers", "cluster: {ps: 1, worker: 5000}\n", ["cluster.worker", "5000", "at most", "--task"]),
     ("laughs", LAUGHS, ["alias"]),
+    ("policy", "launch: {on_worker_failure: sometimes}\n", ["launch.on_worker_failure", "auto"]),
 ]
 
 

@@ -284,6 +284,7 @@ def test_timeouts_that_may_be_null_and_good_timeouts():
     ({"security": {"token_env": ""}}, "security.token_env"),
     ({"launch": {"log_dir": 5}}, "launch.log_dir"),
     ({"launch": {"log_all_tasks": "yes"}}, "launch.log_all_tasks"),
+    ({"launch": {"on_worker_failure": "ignore"}}, "launch.on_worker_failure"),
     ({"cluster": {"worker": 10 ** 12}}, "cluster.worker"),
 ])
 def test_more_bad_values_are_named(data, field):

@@ -10,10 +10,11 @@ machine runs the same command with its own ``--task`` and the same
 
     TFDIST_TOKEN=... python -m tfdist.launch --config configs/multi_machine.yaml --task worker:1 train.py
 
-Exit codes: 0 when every training task exited 0; 1 when a task failed (the
-others are stopped and the failed task is named) or the job ran past
-``--timeout`` / ``launch.job_timeout_s``; 2 for a bad config or command line,
-before any task starts; 130 on Ctrl-C.
+Exit codes: 0 when the chief (worker 0) and every worker the job did not go
+on without exited 0; 1 when a task failed that the job cannot do without (see
+``launch.on_worker_failure``; the others are stopped and the failed task is
+named) or the job ran past ``--timeout`` / ``launch.job_timeout_s``; 2 for a
+bad config or command line, before any task starts; 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -137,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         job.stop()
-    logger.info("job %r finished; logs in %s", config.name, job.log_dir)
+    if job.failed_workers:
+        logger.warning("job %r finished without %s, which failed (launch.on_worker_failure=%s); logs in %s",
+                       config.name, ", ".join(map(str, job.failed_workers)), config.launch.on_worker_failure,
+                       job.log_dir)
+    else:
+        logger.info("job %r finished; logs in %s", config.name, job.log_dir)
     return 0
 
 

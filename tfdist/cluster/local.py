@@ -16,9 +16,10 @@ import time
 from typing import IO, Sequence
 
 from tfdist import constants
+from tfdist.cluster.failure import FailureDecision, decide_worker_failure
 from tfdist.cluster.process import TaskProcess
 from tfdist.config import JOB_NAMES, UNASSIGNED, ClusterConfig, JobConfig, TaskSpec
-from tfdist.errors import ConfigError, LaunchError
+from tfdist.errors import ConfigError, LaunchError, TfdistError
 
 __all__ = ["LocalJob", "assign_ports", "task_environment", "free_port", "free_ports", "local_task_limit",
            "check_local_task_count"]
@@ -256,6 +257,8 @@ class LocalJob:
         self.forward = forward
         self.extra_env = env or {}
         self.tasks: dict[str, TaskProcess] = {}
+        #: Training tasks that failed and that the job went on without (``launch.on_worker_failure``).
+        self.failed_workers: list[TaskSpec] = []
         #: TF intra-op threads per training task (``launch.threads_per_task``); None: TF's default.
         self.threads_per_task = local_threads_per_task(self.config)
         if self.threads_per_task is not None and "TF_NUM_INTRAOP_THREADS" not in {**os.environ, **self.config.launch.env}:
@@ -301,6 +304,7 @@ class LocalJob:
             raise LaunchError(f"Task {task} is already running (pid {self.tasks[key].pid}).")
         proc = self._make(task).start()
         self.tasks[key] = proc
+        self.failed_workers = [t for t in self.failed_workers if t != task]  # a restarted worker is back
         return proc
 
     def wait_servers_ready(self, client, timeout: float) -> None:
@@ -355,7 +359,15 @@ class LocalJob:
     # ---------------------------------------------------------------- watch
     def wait(self, timeout: float | None = None, poll_s: float = 0.1,
              timeout_setting: str = "launch.job_timeout_s") -> None:
-        """Returns when every training task has exited 0.
+        """Returns when every training task has exited 0 or failed and been left out.
+
+        A training task that exits non-zero is judged by
+        :func:`~tfdist.cluster.failure.decide_worker_failure`
+        (``launch.on_worker_failure``): a worker the job can do without is
+        logged at WARNING, reported gone to the parameter servers and listed
+        in :attr:`failed_workers`; the job goes on. Any other failed task
+        (the chief, a PS, an input task, an evaluator, a worker the mode
+        needs) stops the job.
 
         Args:
             timeout: Bound on the wait in seconds. Defaults to ``launch.job_timeout_s``.
@@ -363,21 +375,32 @@ class LocalJob:
             timeout_setting: The setting ``timeout`` came from, named when it expires.
 
         Raises:
-            LaunchError: a task failed (the message names it and shows the
-                last lines of its output) or ``timeout`` passed; every other
-                task has been stopped by then.
+            LaunchError: a task failed that the job cannot do without (the
+                message names it, says why and shows the last lines of its
+                output) or ``timeout`` passed; every other task has been
+                stopped by then.
         """
         timeout = timeout if timeout is not None else self.config.launch.job_timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout
         training = [k for k, p in self.tasks.items() if p.task.job in TRAINING_JOBS]
         while True:
-            if training and all(self.tasks[k].poll() == 0 for k in training):
+            left_out = {str(t) for t in self.failed_workers}
+            codes = {k: self.tasks[k].poll() for k in training}
+            if training and all(code == 0 or (code is not None and k in left_out) for k, code in codes.items()):
                 return
-            for proc in self.tasks.values():
+            for key, proc in self.tasks.items():
                 code = proc.poll()
                 # A PS exits 0 by itself once every worker said it is done.
-                if code is not None and code != 0:
-                    self._fail(proc)
+                if code is None or code == 0 or key in left_out:
+                    continue
+                decision = None
+                if proc.task.job in TRAINING_JOBS:
+                    decision = self._worker_failure_decision(proc.task)
+                    if not decision.stop:
+                        self._leave_out(proc, decision)
+                        left_out.add(key)
+                        continue
+                self._fail(proc, decision)
             if deadline is not None and time.monotonic() > deadline:
                 running = [k for k, p in self.tasks.items() if p.running]
                 self.stop()
@@ -387,13 +410,47 @@ class LocalJob:
                 )
             time.sleep(poll_s)
 
-    def _fail(self, proc: TaskProcess) -> None:
+    def _worker_failure_decision(self, task: TaskSpec) -> FailureDecision:
+        cluster = self.config.cluster
+        failed = [cluster.worker_id(t.job, t.index) for t in self.failed_workers]
+        return decide_worker_failure(self.config, cluster.worker_id(task.job, task.index), failed)
+
+    def _leave_out(self, proc: TaskProcess, decision: FailureDecision) -> None:
+        """Goes on without a failed worker: warn, remember it, tell the parameter servers."""
+        self.failed_workers.append(proc.task)
+        tail = "\n".join("    " + line for line in list(proc.tail)[-5:])
+        logger.warning("Task %s; the job goes on without it (%s).\n  Last lines of %s:\n%s\n  Full log: %s",
+                       proc.describe_exit(), decision.reason, proc.task, tail, proc.log_path)
+        self.report_gone([self.config.cluster.worker_id(proc.task.job, proc.task.index)])
+
+    def report_gone(self, workers: Sequence[int]) -> None:
+        """Tells every PS task that ``workers`` ended, so barriers stop waiting for them now.
+
+        The elastic engine does the same for the workers it runs. Best effort:
+        if the parameter servers cannot be reached, liveness still drops the
+        workers after ``ps.heartbeat_timeout_s``.
+        """
+        if not self.config.cluster.ps:
+            return
+        try:
+            from tfdist.ps.client import PSClient
+
+            with PSClient(self.config.cluster.ps, self.token, rpc_timeout_s=5.0,
+                          max_message_bytes=self.config.ps.max_message_bytes,
+                          tls_ca=self.config.security.tls_ca, tune_malloc=False) as client:
+                client.call_all("Control", {"gone": [int(w) for w in workers]}, timeout=5.0)
+        except (TfdistError, OSError) as e:
+            logger.info("could not tell the parameter servers that worker(s) %s ended (%s); they stop waiting "
+                        "for them after ps.heartbeat_timeout_s", list(workers), e)
+
+    def _fail(self, proc: TaskProcess, decision: FailureDecision | None = None) -> None:
         what = proc.describe_exit()
+        why = f" ({decision.reason})" if decision is not None else ""
         tail = "\n".join("    " + line for line in list(proc.tail)[-15:])
         others = [k for k, p in self.tasks.items() if p.running]
         self.stop()
         raise LaunchError(
-            f"Task {what}; stopped the other tasks ({', '.join(others) or 'none running'}).\n"
+            f"Task {what}{why}; stopped the other tasks ({', '.join(others) or 'none running'}).\n"
             f"  Last lines of {proc.task}:\n{tail}\n  Full log: {proc.log_path}"
         )
 
