@@ -13,18 +13,25 @@ A config file in ``configs/`` maps one to one onto :class:`JobConfig`::
     strategy: {consistency: async}
     ps: {placement: round_robin, partition_threshold_bytes: null, rpc_timeout_s: 30}
     security: {token_env: TFDIST_TOKEN, tls_cert: null, tls_key: null, tls_ca: null}
-    launch: {log_all_tasks: false}
+    launch: {log_all_tasks: false, on_worker_failure: auto}
 
 Every value is validated when the dataclass is built; a bad value raises
 :class:`tfdist.errors.ConfigError` naming the field, the value received and
-the fix.
+the fix. Durations (``*_timeout_s``, ``*_interval_s``, ``poll_s``) are finite
+numbers of seconds above 0 and at most :data:`MAX_SECONDS` (booleans are not
+numbers). Files are read by :func:`read_config_file`: at most
+:data:`MAX_CONFIG_BYTES`, UTF-8, YAML whose aliases expand to at most
+:data:`MAX_CONFIG_NODES` nodes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -41,7 +48,11 @@ __all__ = [
     "TaskSpec",
     "JobConfig",
     "load_config",
+    "read_config_file",
     "parse_task",
+    "MAX_SECONDS",
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_NODES",
 ]
 
 #: Jobs a cluster may have, in TF_CONFIG (Kubeflow TFJob) spelling.
@@ -49,10 +60,57 @@ JOB_NAMES = ("chief", "worker", "ps", "evaluator", "input")
 #: Placeholder address for a task whose port the local launcher will choose.
 UNASSIGNED = "127.0.0.1:0"
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+#: Longest duration a ``*_timeout_s`` / ``*_interval_s`` field accepts: one year (longer is a typo, and
+#: larger values overflow thread and gRPC deadlines).
+MAX_SECONDS = 365 * 24 * 3600
+#: Most tasks a job given as a count may have: a count means tasks on 127.0.0.1, one port each, and a
+#: host has 64511 non-privileged ports. (A local launch has a lower limit: ``tfdist.cluster.local``.)
+MAX_TASK_COUNT = 65535 - 1024
+#: Largest config file read (a job config is a few KiB; a bigger file is the wrong file or an attack).
+MAX_CONFIG_BYTES = 1024 * 1024
+#: Most YAML nodes a config file may expand to, every use of an alias counted in full ("billion laughs").
+MAX_CONFIG_NODES = 100_000
+#: The policies of ``launch.on_worker_failure`` (see ``tfdist.cluster.failure``).
+ON_WORKER_FAILURE = ("auto", "continue", "stop")
 
 
 def _fail(path: str, value: Any, fix: str) -> ConfigError:
     return ConfigError(f"Invalid config field `{path}`. Received: {path}={value!r}. {fix}")
+
+
+def _is_number(value: Any) -> bool:
+    """A real int or float (``True`` is not a number of seconds)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_number(path: str, value: Any, low: float | None = None, high: float | None = None,
+                  low_open: bool = False) -> None:
+    """Raises unless ``value`` is a finite number within ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+    ok = _is_number(value) and math.isfinite(value) and (
+        low is None or (value > low if low_open else value >= low)) and (high is None or value <= high)
+    if not ok:
+        bounds = []
+        if low is not None:
+            bounds.append(f"{'>' if low_open else '>='} {low:g}")
+        if high is not None:
+            bounds.append(f"<= {high:g}")
+        raise _fail(path, value, "Give a finite number" + (f" {' and '.join(bounds)}" if bounds else "") + ".")
+
+
+def _check_seconds(path: str, value: Any, nullable: bool = False) -> None:
+    """Raises unless ``value`` is a finite number of seconds in ``(0, MAX_SECONDS]`` (or null when allowed)."""
+    if value is None and nullable:
+        return
+    if not (_is_number(value) and math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise _fail(path, value, f"Give a number of seconds above 0 and at most {MAX_SECONDS} (one year)"
+                    + (", or null for no limit." if nullable else "."))
+
+
+def _address_key(address: str) -> str:
+    """``host:port`` with the host spelled one way (case, brackets, ``localhost``), to find duplicates."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]").lower()
+    return f"{'127.0.0.1' if host == 'localhost' else host}:{port}"
 
 
 def _check_address(path: str, address: Any) -> str:
@@ -96,6 +154,11 @@ class ClusterConfig:
             if isinstance(value, int):
                 if value < 0:
                     raise _fail(f"cluster.{job}", value, "A task count must be >= 0.")
+                if value > MAX_TASK_COUNT:
+                    raise _fail(f"cluster.{job}", value,
+                                f"A count means tasks on this machine, each on its own port, and a machine has "
+                                f"{MAX_TASK_COUNT} ports to give (a local launch runs far fewer tasks). Use fewer, or "
+                                "list host:port addresses and start one task per machine with --task.")
                 value = [UNASSIGNED] * value
             elif value is None:
                 value = []
@@ -108,6 +171,22 @@ class ClusterConfig:
             raise _fail("cluster.chief", self.chief, "A cluster has at most one chief.")
         if not self.chief and not self.worker:
             raise _fail("cluster.worker", self.worker, "Give at least one chief or worker task.")
+        self._check_distinct_addresses()
+
+    def _check_distinct_addresses(self) -> None:
+        """Two tasks cannot listen on one ``host:port`` (port 0, chosen later, may repeat)."""
+        seen: dict[str, str] = {}
+        for job in JOB_NAMES:
+            for i, address in enumerate(getattr(self, job)):
+                if address.endswith(":0"):
+                    continue
+                key, where = _address_key(address), f"cluster.{job}[{i}]"
+                if key in seen:
+                    raise _fail(where, address,
+                                f"{seen[key]} has the same address; two tasks cannot listen on one host:port. "
+                                "Give every task its own port (or write a count, e.g. `worker: 2`, and let the "
+                                "local launcher pick free ports).")
+                seen[key] = where
 
     # ------------------------------------------------------------------ views
     def jobs(self) -> dict[str, list[str]]:
@@ -239,8 +318,7 @@ class StrategyConfig:
                         "Give an integer >= 1, or null for all workers.")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise _fail("strategy.window", self.window, "Give an integer >= 1 (global clocks per loss window).")
-        if not isinstance(self.delta, (int, float)) or self.delta < 0:
-            raise _fail("strategy.delta", self.delta, "Give a number >= 0.")
+        _check_number("strategy.delta", self.delta, low=0)
 
     def policy_spec(self, num_workers: int) -> dict[str, Any]:
         """The policy spec (see ``tfdist.consistency``) this section describes."""
@@ -276,7 +354,8 @@ class PSConfig:
         startup_timeout_s: How long a worker waits for a PS to answer at start
             and for the chief to initialise the variables. Defaults to 120.
         max_message_bytes: Largest message a PS accepts. Defaults to 512 MiB.
-        heartbeat_interval_s: How often workers heart-beat. Defaults to 2.
+        heartbeat_interval_s: How often workers heart-beat. Must be below
+            ``heartbeat_timeout_s``. Defaults to 2.
         heartbeat_timeout_s: A worker silent this long is not live. Defaults to 30.
         max_updates_per_s: Caps how many pushes (update path) or gradients
             (gradient path) each PS task applies per second; further ones
@@ -309,16 +388,16 @@ class PSConfig:
             raise _fail("ps.nonfinite", self.nonfinite, 'Use "refuse" (the default) or "allow".')
         if not isinstance(self.tune_malloc, bool):
             raise _fail("ps.tune_malloc", self.tune_malloc, "Give true or false.")
-        if self.max_updates_per_s is not None and (
-            isinstance(self.max_updates_per_s, bool) or not isinstance(self.max_updates_per_s, (int, float))
-            or self.max_updates_per_s <= 0
+        if self.max_updates_per_s is not None and not (
+            _is_number(self.max_updates_per_s) and math.isfinite(self.max_updates_per_s) and self.max_updates_per_s > 0
         ):
             raise _fail("ps.max_updates_per_s", self.max_updates_per_s,
-                        "Give a positive number of updates per second, or null for no cap.")
+                        "Give a finite positive number of updates per second, or null for no cap.")
         if self.placement not in ("round_robin", "greedy"):
             raise _fail("ps.placement", self.placement, 'Use "round_robin" or "greedy".')
         if self.partition_threshold_bytes is not None and (
-            not isinstance(self.partition_threshold_bytes, int) or self.partition_threshold_bytes <= 0
+            not _is_number(self.partition_threshold_bytes) or not isinstance(self.partition_threshold_bytes, int)
+            or self.partition_threshold_bytes <= 0
         ):
             raise _fail(
                 "ps.partition_threshold_bytes",
@@ -326,11 +405,30 @@ class PSConfig:
                 "Give a positive number of bytes, or null to never partition.",
             )
         for name in ("rpc_timeout_s", "startup_timeout_s", "heartbeat_interval_s", "heartbeat_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise _fail(f"ps.{name}", value, "Give a positive number of seconds.")
+            _check_seconds(f"ps.{name}", getattr(self, name))
+        if self.heartbeat_interval_s >= self.heartbeat_timeout_s:
+            raise ConfigError(
+                "Invalid config fields `ps.heartbeat_interval_s` and `ps.heartbeat_timeout_s`: workers would "
+                "heart-beat no more often than the silence that declares them dead. Received: "
+                f"ps.heartbeat_interval_s={self.heartbeat_interval_s!r}, "
+                f"ps.heartbeat_timeout_s={self.heartbeat_timeout_s!r}. Make the interval smaller than the timeout "
+                "(a third of it or less leaves room for a late heart-beat), e.g. 2 and 30."
+            )
         if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) or self.max_message_bytes < 1024:
             raise _fail("ps.max_message_bytes", self.max_message_bytes, "Give a number of bytes >= 1024.")
+
+
+#: PEM block each TLS file must hold, by field.
+_PEM_BLOCKS = {
+    "tls_cert": ("CERTIFICATE", re.compile(rb"-----BEGIN (?:TRUSTED )?CERTIFICATE-----")),
+    "tls_key": ("PRIVATE KEY", re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
+    "tls_ca": ("CERTIFICATE", re.compile(rb"-----BEGIN (?:TRUSTED )?CERTIFICATE-----")),
+}
+_ANY_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
+#: TLS files each kind of task reads (``check_tls_files(job=...)``); ``None``: a local launch reads them all.
+_TLS_FILES_BY_JOB = {"ps": ("tls_cert", "tls_key"), "chief": ("tls_ca",), "worker": ("tls_ca",),
+                     "evaluator": ("tls_ca",), "input": (), None: ("tls_cert", "tls_key", "tls_ca")}
+_MAX_PEM_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -341,6 +439,13 @@ class SecurityConfig:
     a fresh one per job; for multi-machine jobs put the same token in the
     environment variable named by ``token_env`` on every machine.
 
+    TLS is all or nothing: the PS serves with ``tls_cert`` and ``tls_key``
+    and the workers verify it with ``tls_ca``, so give all three or none.
+    The files are checked (they exist, can be read and hold the right PEM
+    block) by :meth:`check_tls_files`, which ``python -m tfdist.launch`` calls
+    before starting anything; each machine of a ``--task`` launch checks only
+    the files its task reads.
+
     Attributes:
         token: The token itself. Prefer ``token_env``: a token in a file ends
             up in version control. Defaults to ``None``.
@@ -348,7 +453,8 @@ class SecurityConfig:
             ``"TFDIST_TOKEN"``.
         tls_cert: PEM certificate chain of the PS (enables TLS with ``tls_key``).
         tls_key: PEM private key of the PS.
-        tls_ca: PEM root certificate workers use to verify the PS.
+        tls_ca: PEM root certificate workers use to verify the PS (the PS's own
+            certificate when it is self-signed).
     """
 
     token: str | None = None
@@ -358,22 +464,81 @@ class SecurityConfig:
     tls_ca: str | None = None
 
     def __post_init__(self):
+        if not isinstance(self.token_env, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.token_env):
+            raise _fail("security.token_env", self.token_env,
+                        f"Give the name of an environment variable, e.g. {constants.ENV_TOKEN!r}.")
         if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 8):
             raise ConfigError(
                 "Invalid config field `security.token`: it must be a string of at "
                 "least 8 characters (value not shown). Prefer setting it in the "
                 f"environment variable named by `security.token_env` ({self.token_env})."
             )
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise _fail(
-                "security.tls_cert",
-                self.tls_cert,
-                "Give both `security.tls_cert` and `security.tls_key`, or neither.",
-            )
         for name in ("tls_cert", "tls_key", "tls_ca"):
             path = getattr(self, name)
-            if path is not None and not isinstance(path, str):
-                raise _fail(f"security.{name}", path, "Give a path to a PEM file.")
+            if path is not None and (not isinstance(path, str) or not path):
+                raise _fail(f"security.{name}", path, "Give the path of a PEM file for TLS, or null.")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            given, missing = ("tls_cert", "tls_key") if self.tls_cert else ("tls_key", "tls_cert")
+            raise _fail(f"security.{given}", getattr(self, given),
+                        f"TLS needs both `security.tls_cert` and `security.tls_key` (the PS's certificate and its "
+                        f"private key), and `security.{missing}` is missing. Give both, or neither.")
+        if bool(self.tls_cert) != bool(self.tls_ca):
+            if self.tls_ca:
+                raise _fail("security.tls_ca", self.tls_ca,
+                            "TLS needs both sides: workers verify the PS with `security.tls_ca`, but the PS has no "
+                            "certificate to serve TLS with. Give `security.tls_cert` and `security.tls_key` too, "
+                            "or remove `security.tls_ca`.")
+            raise _fail("security.tls_ca", None,
+                        "TLS needs both sides: the PS serves TLS with `security.tls_cert`/`tls_key`, and workers "
+                        "need `security.tls_ca` (the CA that signed that certificate, or the certificate itself "
+                        "when it is self-signed) to verify it. Give it, or remove tls_cert and tls_key.")
+
+    def check_tls_files(self, job: str | None = None) -> None:
+        """Checks that the TLS files a task reads exist, can be read and are PEM.
+
+        Args:
+            job: The kind of task on this machine (``"ps"`` reads ``tls_cert``
+                and ``tls_key``; ``"chief"``, ``"worker"``, ``"evaluator"``
+                read ``tls_ca``). Defaults to ``None``: every file (a local
+                launch runs every task here).
+
+        Raises:
+            ConfigError: naming the field and the file, and saying what is wrong.
+        """
+        for name in _TLS_FILES_BY_JOB.get(job, _TLS_FILES_BY_JOB[None]):
+            path = getattr(self, name)
+            if not path:
+                continue
+            what, pattern = _PEM_BLOCKS[name]
+            role = {"tls_cert": "the PS's TLS certificate", "tls_key": "the PS's TLS private key",
+                    "tls_ca": "the TLS root certificate workers verify the PS with"}[name]
+
+            def bad(problem: str) -> ConfigError:
+                return _fail(f"security.{name}", path,
+                             f"The TLS file {problem}. Give the path of a PEM file with {role} "
+                             f"(a '-----BEGIN {what}-----' block), readable on every machine whose task uses it.")
+
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(_MAX_PEM_BYTES + 1)
+            except FileNotFoundError:
+                raise bad("does not exist") from None
+            except IsADirectoryError:
+                raise bad("is not a file (a directory)") from None
+            except PermissionError:
+                raise bad("cannot be read (permission denied)") from None
+            except OSError as e:
+                raise bad(f"cannot be read ({e.strerror or e})") from None
+            if len(data) > _MAX_PEM_BYTES:
+                raise bad("is not PEM (it is larger than 1 MiB)")
+            if pattern.search(data) is None:
+                found = _ANY_PEM_BLOCK.search(data)
+                if found is None:
+                    raise bad("is not PEM (no '-----BEGIN ...-----' block)")
+                block = found.group(1).decode("ascii")
+                hint = " (did you swap `security.tls_cert` and `security.tls_key`?)" \
+                    if name in ("tls_cert", "tls_key") else ""
+                raise bad(f"holds a {block} block but no {what}{hint}")
 
     @property
     def tls(self) -> bool:
@@ -418,6 +583,18 @@ class LaunchConfig:
             uses every core). A ``TF_NUM_INTRAOP_THREADS`` already in the
             environment or in ``launch.env`` wins. ``--task`` launches (one
             task per machine) are never changed.
+        on_worker_failure: What a local launch does when a training task
+            exits non-zero. ``"auto"`` (the default) goes on without a worker
+            the consistency mode can do without — any worker but the chief
+            (worker 0) under ``async``, ``ssp``, ``dtssp`` and ``bsp``; under
+            ``sync_replicas`` while at least ``replicas_to_aggregate``
+            workers remain; any worker of an elastic job — and stops the job
+            otherwise. ``"continue"`` never stops for a worker other than the
+            chief; ``"stop"`` stops the whole job when any task fails. The
+            chief's, a parameter server's or an input task's failure always
+            stops the job; a job that went on exits 0 when the chief (and
+            every worker not left out) exited 0. See
+            :func:`tfdist.cluster.failure.decide_worker_failure`.
     """
 
     log_all_tasks: bool = False
@@ -427,14 +604,22 @@ class LaunchConfig:
     input_args: list[str] = field(default_factory=list)
     slowdown: dict[str, dict] = field(default_factory=dict)
     threads_per_task: int | str | None = "auto"
+    on_worker_failure: str = "auto"
 
     def __post_init__(self):
         t = self.threads_per_task
         if not (t is None or t == "auto" or (isinstance(t, int) and not isinstance(t, bool) and t > 0)):
             raise _fail("launch.threads_per_task", t,
                         'Give "auto" (divide the cores among local training tasks), a positive number, or null.')
-        if self.job_timeout_s is not None and (not isinstance(self.job_timeout_s, (int, float)) or self.job_timeout_s <= 0):
-            raise _fail("launch.job_timeout_s", self.job_timeout_s, "Give a positive number of seconds or null.")
+        if not isinstance(self.log_all_tasks, bool):
+            raise _fail("launch.log_all_tasks", self.log_all_tasks, "Give true or false.")
+        if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
+            raise _fail("launch.log_dir", self.log_dir, "Give a directory path, or null for runs/<name>-<time>.")
+        _check_seconds("launch.job_timeout_s", self.job_timeout_s, nullable=True)
+        if not isinstance(self.on_worker_failure, str) or self.on_worker_failure not in ON_WORKER_FAILURE:
+            raise _fail("launch.on_worker_failure", self.on_worker_failure,
+                        f"Use one of {list(ON_WORKER_FAILURE)}: auto goes on without a worker the consistency mode "
+                        "can do without, continue goes on without any worker but the chief, stop stops the job.")
         if not isinstance(self.env, dict) or not all(isinstance(k, str) for k in self.env):
             raise _fail("launch.env", self.env, "Give a mapping of variable names to values.")
         self.env = {k: str(v) for k, v in self.env.items()}
@@ -444,9 +629,14 @@ class LaunchConfig:
         if not isinstance(self.slowdown, dict):
             raise _fail("launch.slowdown", self.slowdown, 'Map tasks to settings, e.g. {"worker:1": {"factor": 3}}.')
         for task, spec in self.slowdown.items():
-            parse_task(task)
+            try:
+                parse_task(task)
+            except ConfigError as e:
+                raise ConfigError(f"Invalid config field `launch.slowdown`: {e}") from None
             from tfdist.testing.slowdown import Slowdown
 
+            if not isinstance(spec, Mapping):
+                raise _fail(f"launch.slowdown.{task}", spec, 'Give its settings as a mapping, e.g. {"factor": 3}.')
             try:
                 Slowdown(**spec)
             except (TypeError, ValueError) as e:
@@ -529,17 +719,17 @@ class ElasticConfig:
                 raise _fail(f"elastic.{name}", value, f"Give an integer >= {low}.")
 
         def number(name, low, high=None):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
-                    high is not None and value > high):
-                raise _fail(f"elastic.{name}", value,
-                            f"Give a number >= {low}" + (f" and <= {high}." if high is not None else "."))
+            _check_number(f"elastic.{name}", getattr(self, name), low=low, high=high)
 
         for name in ("enabled", "autoscale", "replace_stragglers"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(f"elastic.{name}", getattr(self, name), "Write true or false.")
         integer("min_workers", 1)
         integer("max_workers", 1)
+        if self.max_workers > MAX_TASK_COUNT:
+            raise _fail("elastic.max_workers", self.max_workers,
+                        f"The cluster gets a worker slot for each, and a machine has {MAX_TASK_COUNT} ports to give. "
+                        "Use fewer.")
         if self.max_workers < self.min_workers:
             raise _fail("elastic.max_workers", self.max_workers,
                         f"Give at least min_workers ({self.min_workers}).")
@@ -561,14 +751,19 @@ class ElasticConfig:
         number("straggler_threshold", 0.0, 1.0)
         number("ewma_alpha", 0.0, 1.0)
         for name in ("poll_s", "drain_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise _fail(f"elastic.{name}", value, "Give a positive number of seconds.")
+            _check_seconds(f"elastic.{name}", getattr(self, name))
         if self.utility is not None:
             kind = self.utility.get("kind") if isinstance(self.utility, Mapping) else None
             if kind not in _UTILITY_KINDS:
                 raise _fail("elastic.utility", self.utility,
                             'Write {kind: linear, value_per_s: V} or {kind: deadline, deadline_s: D, value: V}, or null.')
+            from tfdist.elastic.policy import utility_from_dict
+
+            try:
+                utility_from_dict(self.utility)
+            except ConfigError as e:  # it names `utility.<field>`: say which section
+                raise ConfigError(str(e).replace("`utility", "`elastic.utility").replace(
+                    "Received: utility", "Received: elastic.utility")) from None
 
 
 @dataclass(frozen=True)
@@ -612,13 +807,24 @@ def _build(cls, data: Any, path: str):
     if not isinstance(data, Mapping):
         raise _fail(path, data, "Write this section as a mapping of fields.")
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(set(data) - names, key=str)
     if unknown:
         raise ConfigError(
-            f"Unknown config field `{path}.{unknown[0]}`. Received: {dict(data)!r}. "
+            f"Unknown config field `{path}.{unknown[0]}`. Received: {_short_repr(dict(data))}. "
             f"Fields of `{path}` are: {sorted(names)}."
         )
     return cls(**dict(data))
+
+
+def _short_repr(value: Any, limit: int = 300) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "...(cut)"
+
+
+def _kind(value: Any) -> str:
+    """``"a list"``, ``"an int"``: how a value's type reads in a message."""
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
 @dataclass
@@ -645,6 +851,20 @@ class JobConfig:
             raise _fail("name", self.name, "Give a short job name without spaces or slashes.")
         if self.elastic.enabled:
             self._check_elastic_cluster()
+        self._check_replicas_to_aggregate()
+
+    def _check_replicas_to_aggregate(self) -> None:
+        """SyncReplicas cannot aggregate more gradients per step than the job has workers at its start."""
+        m = self.strategy.replicas_to_aggregate
+        have = self.starting_workers
+        if self.strategy.consistency not in ("sync_replicas", "bsp") or m is None or m <= have:
+            return
+        counted = (f"elastic.initial_workers={have}" if self.elastic.enabled
+                   else f"{len(self.cluster.chief)} chief + {len(self.cluster.worker)} worker task(s)")
+        raise _fail("strategy.replicas_to_aggregate", m,
+                    f"The job starts with {have} worker(s) ({counted}); a step cannot aggregate more gradients than "
+                    "there are workers (accumulating across steps is not supported). Use at most "
+                    f"{have}, or add workers.")
 
     def _check_elastic_cluster(self) -> None:
         """An elastic job needs a training-task slot for each of ``max_workers``."""
@@ -670,9 +890,12 @@ class JobConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> "JobConfig":
         """Builds and validates a config from a (YAML/JSON) mapping."""
         if not isinstance(data, Mapping):
-            raise ConfigError(f"A config must be a mapping. Received: {type(data).__name__}.")
+            raise ConfigError(
+                f"A config must be a mapping of sections (name, cluster, strategy, ...). Received: {_kind(data)}, "
+                f"{_short_repr(data, 100)}. Write e.g. `cluster: {{ps: 1, worker: 2}}`."
+            )
         top = {"name"} | set(_SECTIONS)
-        unknown = sorted(set(data) - top)
+        unknown = sorted(set(data) - top, key=str)
         if unknown:
             raise ConfigError(
                 f"Unknown config field `{unknown[0]}`. Top-level fields are: {sorted(top)}."
@@ -738,27 +961,107 @@ class JobConfig:
         return config, task
 
 
+@functools.lru_cache(maxsize=1)
+def _config_loader():
+    """A ``yaml.SafeLoader`` that refuses documents whose aliases expand past :data:`MAX_CONFIG_NODES` nodes."""
+    import yaml
+
+    class ConfigLoader(yaml.SafeLoader):
+        def compose_document(self):
+            node = super().compose_document()
+            _check_expanded_size(node, MAX_CONFIG_NODES)
+            return node
+
+    return ConfigLoader
+
+
+def _check_expanded_size(root, limit: int) -> None:
+    """Raises if the YAML node graph, aliases expanded, has more than ``limit`` nodes, or a cycle.
+
+    PyYAML shares an aliased node instead of copying it, so a few hundred bytes
+    of nested aliases ("billion laughs") describe billions of nodes that every
+    later walk over the data (validation, ``repr``, ``asdict``) expands.
+    """
+    import yaml
+
+    def children(node):
+        if isinstance(node, yaml.SequenceNode):
+            return node.value
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return ()
+
+    size: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_nodes.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children(node))
+            if size[key] > limit:
+                raise ConfigError(
+                    f"The YAML aliases (*name) expand to more than {limit} values: a config needs a few dozen. "
+                    "Write the values out, or use fewer nested aliases."
+                )
+            continue
+        if key in size:
+            continue
+        if key in open_nodes:
+            raise ConfigError("A YAML alias (*name) refers to a value that contains it (a cycle). Remove the cycle.")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node) if id(c) not in size)
+
+
+def read_config_file(path: str | os.PathLike) -> Any:
+    """Reads a YAML (or JSON) config file into plain Python data, refusing what no config looks like.
+
+    Refused, with a :class:`ConfigError` naming the file: a file that cannot
+    be read, one over :data:`MAX_CONFIG_BYTES`, text that is not UTF-8, YAML
+    that does not parse, nests too deeply, or whose aliases expand past
+    :data:`MAX_CONFIG_NODES` values. (The federated experiment loader uses it too.)
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"Cannot read config file {path!r}: {e.strerror or e}.") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"Config file {path!r} is larger than {MAX_CONFIG_BYTES // 1024} KiB; a config is a few "
+                          "KiB. Check the path.")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"Config file {path!r} is not UTF-8 text: byte 0x{raw[e.start]:02x} on line {line} "
+                          "cannot be decoded. Save the file as UTF-8.") from None
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_config_loader())  # noqa: S506 (a SafeLoader)
+    except ConfigError as e:
+        raise ConfigError(f"Config file {path!r}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"Config file {path!r} is not valid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"Config file {path!r} nests too deeply to be a config. Check the file.") from None
+
+
 def load_config(source: str | os.PathLike | Mapping[str, Any]) -> JobConfig:
     """Loads a :class:`JobConfig` from a YAML/JSON file path or a mapping.
 
     Raises:
-        ConfigError: the file is missing, not YAML, or has a bad field.
+        ConfigError: the file is missing, not UTF-8, not YAML, too big, not a
+            mapping, or has a bad field (see :func:`read_config_file`).
     """
     if isinstance(source, Mapping):
         return JobConfig.from_dict(source)
     path = os.fspath(source)
+    data = read_config_file(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"Cannot read config file {path!r}: {e.strerror}.") from e
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"Config file {path!r} is not valid YAML: {e}") from e
-    try:
-        return JobConfig.from_dict(data or {})
+        return JobConfig.from_dict({} if data is None else data)
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from e
+        raise ConfigError(f"{path}: {e}") from None

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -57,12 +58,35 @@ def test_a_failing_worker_stops_the_job_and_is_named(tmp_path):
     tag = f"crash-{os.getpid()}-{time.time_ns()}"
     out = tmp_path / "out"
     out.mkdir()
-    r = _launch(["--config", "configs/local_async.yaml", "--log-dir", str(tmp_path / "logs"), SCRIPT,
+    cfg = tmp_path / "stop.yaml"  # local_async.yaml, but any failed task stops the job (today's default was this)
+    cfg.write_text((pathlib.Path(ROOT) / "configs" / "local_async.yaml").read_text()
+                   + "  on_worker_failure: stop\n")
+    r = _launch(["--config", str(cfg), "--log-dir", str(tmp_path / "logs"), SCRIPT,
                  "--out", str(out), "--epochs", "100", "--crash-after-epochs", "1", "--crash-worker", "1",
                  "--tag", tag], timeout=300)
     assert r.returncode == 1
     assert "worker:1 exited with code 3" in r.stderr and "crashing on purpose" in r.stderr
+    assert "launch.on_worker_failure" in r.stderr
     assert _tagged(tag) == []
+
+
+def test_an_async_job_goes_on_without_a_failed_worker_and_exits_0(tmp_path):
+    """launch.on_worker_failure: auto (the default): async training does not need worker 1."""
+    tag = f"goes-on-{os.getpid()}-{time.time_ns()}"
+    out = tmp_path / "out"
+    out.mkdir()
+    cfg = tmp_path / "async.yaml"
+    cfg.write_text("name: goes-on\ncluster: {ps: 1, worker: 2}\nstrategy: {consistency: async}\n")
+    t0 = time.monotonic()
+    r = _launch(["--config", str(cfg), "--log-dir", str(tmp_path / "logs"), SCRIPT, "--out", str(out),
+                 "--epochs", "3", "--crash-after-epochs", "1", "--crash-worker", "1", "--tag", tag], timeout=200)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "worker:1 exited with code 3" in r.stderr and "goes on without it" in r.stderr
+    assert json.loads((out / "worker-0.json").read_text())["is_chief"]  # the chief finished its training
+    assert not (out / "worker-1.json").exists()
+    assert "worker 0 final accuracy" in r.stdout
+    assert _tagged(tag) == []
+    print(f"job with a failed worker: {time.monotonic() - t0:.1f} s")
 
 
 def test_ctrl_c_stops_every_task(tmp_path):
@@ -142,3 +166,69 @@ def test_task_mode_refuses_missing_token(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tfdist.launch", "--config", str(cfg), "--task", "ps:0"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "TFDIST_TOKEN" in r.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Issue #12: a config mistake exits 2 at once (before TensorFlow or any task starts), naming the field.
+
+LAUGHS = "a0: &a0 [lol]\n" + "".join(
+    f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10)) + "name: *a9\n"
+BAD_CONFIGS = [
+    ("replicas", "cluster: {ps: 1, worker: 2}\nstrategy: {consistency: sync_replicas, replicas_to_aggregate: 3}\n",
+     ["strategy.replicas_to_aggregate", "2 worker"]),
+    ("duplicate", 'cluster: {ps: ["127.0.0.1:5000"], worker: ["127.0.0.1:5000"]}\n',
+     ["cluster.worker[0]", "cluster.ps[0]"]),
+    ("nan", "ps: {rpc_timeout_s: .nan}\n", ["ps.rpc_timeout_s", "nan"]),
+    ("inf", "launch: {job_timeout_s: .inf}\n", ["launch.job_timeout_s", "inf"]),
+    ("bool", "ps: {startup_timeout_s: yes}\n", ["ps.startup_timeout_s", "True"]),
+    ("heartbeat", "ps: {heartbeat_interval_s: 40, heartbeat_timeout_s: 30}\n",
+     ["ps.heartbeat_interval_s=40", "ps.heartbeat_timeout_s=30"]),
+    ("tls", "security: {tls_cert: /nonexistent/cert.pem, tls_key: /nonexistent/key.pem, tls_ca: /nonexistent/ca.pem}\n",
+     ["security.tls_cert", "TLS", "/nonexistent/cert.pem"]),
+    ("half-tls", "security: {tls_cert: cert.pem}\n", ["security.tls_cert", "tls_key"]),
+    ("latin1", "name: caf\u00e9\n".encode("latin-1"), ["not UTF-8", "UTF-8"]),
+    ("list", "- cluster\n- ps\n", ["mapping", "a list"]),
+    ("workers", "cluster: {ps: 1, worker: 100000}\n", ["cluster.worker", "100000", "--task"]),
+    ("local-workers", "cluster: {ps: 1, worker: 5000}\n", ["cluster.worker", "5000", "at most", "--task"]),
+    ("laughs", LAUGHS, ["alias"]),
+    ("policy", "launch: {on_worker_failure: sometimes}\n", ["launch.on_worker_failure", "auto"]),
+]
+
+
+@pytest.mark.parametrize("name, text, words", BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
+def test_config_mistakes_exit_2_at_once_naming_the_field(tmp_path, name, text, words):
+    cfg = tmp_path / f"{name}.yaml"
+    if isinstance(text, bytes):
+        cfg.write_bytes(text)
+    else:
+        cfg.write_text(text)
+    t0 = time.monotonic()
+    r = _launch(["--config", str(cfg), "examples/train_digits.py"], timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and r.stderr.startswith("tfdist.launch: ")
+    for word in words:
+        assert word in r.stderr, r.stderr
+    assert len(r.stderr) < 1500
+    assert time.monotonic() - t0 < 30  # no TensorFlow import, no task started
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])
+def test_a_bad_timeout_option_exits_2(tmp_path, value):
+    r = _launch(["--config", "configs/local_async.yaml", "--timeout", value, "examples/train_digits.py"], timeout=60)
+    assert r.returncode == 2 and "--timeout" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_timeout_stops_every_task_and_names_the_option(tmp_path):
+    tag = f"sleeper-{os.getpid()}-{time.time_ns()}"
+    script = tmp_path / "sleep.py"
+    script.write_text("import sys, time\nprint('sleeping', sys.argv[1:], flush=True)\ntime.sleep(120)\n")
+    cfg = tmp_path / "sleep.yaml"
+    cfg.write_text("name: sleepy\ncluster: {ps: 1, worker: 2}\n")
+    t0 = time.monotonic()
+    r = _launch(["--config", str(cfg), "--log-dir", str(tmp_path / "logs"), "--timeout", "3", str(script), tag],
+                timeout=90)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "--timeout" in r.stderr and "3 s" in r.stderr and "Stopped all tasks" in r.stderr, r.stderr[-2000:]
+    assert 3 <= took < 40
+    assert _tagged(tag) == []

@@ -199,6 +199,32 @@ def test_tls(tmp_path):
                 plain.call(0, "Status", {})
 
 
+def _self_signed(tmp_path, name):
+    key, cert = tmp_path / f"{name}-key.pem", tmp_path / f"{name}-cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return str(cert), str(key)
+
+
+def test_a_wrong_tls_ca_is_named_when_the_ps_cannot_be_reached(tmp_path):
+    from tfdist.consistency import AsyncPolicy
+    from tfdist.ps.server import PSServer, load_tls_server_credentials
+
+    cert, key = _self_signed(tmp_path, "ps")
+    other_ca, _ = _self_signed(tmp_path, "other")  # did not sign the PS's certificate
+    with PSServer(AsyncPolicy(), token="tls-token-123", tls_credentials=load_tls_server_credentials(cert, key)) as server:
+        with PSClient([server.address], "tls-token-123", rpc_timeout_s=2, tls_ca=other_ca) as c:
+            t0 = time.monotonic()
+            with pytest.raises(PSUnavailableError) as e:
+                c.wait_ready(2.0)
+            assert time.monotonic() - t0 < 10
+    message = str(e.value)
+    assert "TLS" in message and other_ca in message and "ps.startup_timeout_s" in message, message
+
+
 def test_start_ps_names_a_parameter_server_that_died_at_start():
     import socket
 

@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from tfdist.config import JobConfig
 from tfdist.testing import LocalCluster
 
 pytestmark = pytest.mark.timeout(400)
@@ -118,7 +119,8 @@ def test_cluster_with_a_crashing_worker_is_torn_down(tmp_path, scripts_dir):
 
     out = tmp_path / "out"
     out.mkdir()
-    with LocalCluster(workers=2, ps=1, log_dir=str(tmp_path / "logs")) as cluster:
+    stop = JobConfig.from_dict({"launch": {"on_worker_failure": "stop"}})  # auto would go on without worker 1
+    with LocalCluster(workers=2, ps=1, config=stop, log_dir=str(tmp_path / "logs")) as cluster:
         cluster.start(os.path.join(scripts_dir, "train_worker.py"),
                       ["--out", str(out), "--epochs", "50", "--crash-after-epochs", "1", "--crash-worker", "1"])
         with pytest.raises(LaunchError, match=r"worker:1 exited with code 3[\s\S]*crashing on purpose"):

@@ -67,3 +67,149 @@ def test_a_clean_exit_fails_only_while_the_servers_must_run():
     job.check_servers(clean_exit_ok=True)  # a PS exits 0 by itself once every worker is done
     with pytest.raises(LaunchError, match="ps:0 exited with code 0"):
         job.check_servers()
+
+
+# ------------------------------------------------------------------------ launch.on_worker_failure
+from tfdist.cluster.failure import FailureAction, decide_worker_failure  # noqa: E402
+
+
+def _config(consistency="async", workers=2, chief=0, policy="auto", ps=1, **strategy):
+    return JobConfig.from_dict({"cluster": {"ps": ps, "chief": chief, "worker": workers},
+                                "strategy": {"consistency": consistency, **strategy},
+                                "launch": {"on_worker_failure": policy}})
+
+
+@pytest.mark.parametrize("consistency", ["async", "ssp", "dtssp", "bsp"])
+def test_auto_goes_on_without_a_non_chief_worker_where_the_mode_allows(consistency):
+    config = _config(consistency, workers=3)
+    for worker in (1, 2):
+        decision = decide_worker_failure(config, worker)
+        assert decision.action is FailureAction.CONTINUE and not decision.stop, decision
+    assert decide_worker_failure(config, 2, failed=[1]).action is FailureAction.CONTINUE
+
+
+@pytest.mark.parametrize("policy", ["auto", "continue", "stop"])
+def test_the_chief_always_stops_the_job(policy):
+    for config in (_config(policy=policy), _config(policy=policy, chief=1)):
+        decision = decide_worker_failure(config, 0)
+        assert decision.stop and "chief" in decision.reason, decision
+
+
+def test_sync_replicas_goes_on_while_m_workers_remain():
+    config = _config("sync_replicas", workers=4, replicas_to_aggregate=2)
+    assert not decide_worker_failure(config, 3).stop
+    assert not decide_worker_failure(config, 2, failed=[3]).stop  # 2 remain: still M
+    decision = decide_worker_failure(config, 1, failed=[3, 2])  # 1 would remain
+    assert decision.stop and "strategy.replicas_to_aggregate" in decision.reason and "1 worker" in decision.reason
+    every = _config("sync_replicas", workers=3)  # M defaults to all workers: none may go
+    assert decide_worker_failure(every, 2).stop
+
+
+def test_continue_and_stop_override_the_mode():
+    strict = _config("sync_replicas", workers=3, policy="continue")
+    assert decide_worker_failure(strict, 2).action is FailureAction.CONTINUE
+    decision = decide_worker_failure(_config("async", policy="stop"), 1)
+    assert decision.stop and "launch.on_worker_failure" in decision.reason
+
+
+def test_an_all_reduce_job_stops_under_auto():
+    decision = decide_worker_failure(_config("async", ps=0), 1)
+    assert decision.stop and "parameter server" in decision.reason
+    assert not decide_worker_failure(_config("async", ps=0, policy="continue"), 1).stop
+
+
+def test_elastic_jobs_go_on_under_auto_and_stop_when_asked():
+    def elastic(policy):
+        return JobConfig.from_dict({"cluster": {"ps": 1, "worker": 3}, "launch": {"on_worker_failure": policy},
+                                    "elastic": {"min_workers": 1, "max_workers": 3, "autoscale": False}})
+
+    for worker in (0, 1, 2):  # the engine replaces or does without any worker, worker 0 included
+        assert decide_worker_failure(elastic("auto"), worker).action is FailureAction.CONTINUE
+    assert decide_worker_failure(elastic("stop"), 1).stop
+
+
+def job_of(config, *tasks):
+    job = LocalJob(config, script="train.py", log_dir="/logs", forward=False)
+    job.tasks = {str(t.task): t for t in tasks}
+    job.reported_gone = []
+    job.report_gone = job.reported_gone.extend
+    return job
+
+
+def test_wait_goes_on_without_a_dead_worker_and_succeeds_with_the_chief(caplog):
+    config = _config("async", workers=3)
+    w0, w1, w2, ps = FakeTask("worker", 0, code=0), FakeTask("worker", 1, code=3), FakeTask("worker", 2, code=0), \
+        FakeTask("ps", 0)
+    job = job_of(config, ps, w0, w1, w2)
+    with caplog.at_level("WARNING"):
+        job.wait(timeout=5, poll_s=0.01)
+    assert job.reported_gone == [1]  # the PS stops waiting for it at once, as the elastic engine does
+    assert [str(t) for t in job.failed_workers] == ["worker:1"]
+    assert "worker:1 exited with code 3" in caplog.text and "launch.on_worker_failure" in caplog.text
+    assert not ps.signals  # nothing was stopped by wait(); the caller stops the servers
+
+
+def test_wait_stops_the_job_for_a_worker_the_mode_needs():
+    config = _config("sync_replicas", workers=2)
+    w0, w1 = FakeTask("worker", 0), FakeTask("worker", 1, code=-9)
+    job = job_of(config, FakeTask("ps", 0), w0, w1)
+    with pytest.raises(LaunchError, match=r"(?s)worker:1 exited with code -9.*replicas_to_aggregate.*stopped the other"):
+        job.wait(timeout=5, poll_s=0.01)
+    assert w0.signals and not w0.running
+
+
+def test_wait_stops_the_job_when_the_chief_dies_after_a_tolerated_worker():
+    config = _config("async", workers=3)
+    w0, w1, w2 = FakeTask("worker", 0), FakeTask("worker", 1, code=1), FakeTask("worker", 2)
+    job = job_of(config, FakeTask("ps", 0), w0, w1, w2)
+    w0.code = 2
+    with pytest.raises(LaunchError, match=r"(?s)worker:0 exited with code 2.*chief"):
+        job.wait(timeout=5, poll_s=0.01)
+
+
+def test_wait_names_the_setting_whose_time_ran_out():
+    job = job_of(_config(), FakeTask("ps", 0), FakeTask("worker", 0), FakeTask("worker", 1))
+    with pytest.raises(LaunchError, match=r"within 0.05 s \(--timeout\)"):
+        job.wait(timeout=0.05, poll_s=0.01, timeout_setting="--timeout")
+
+
+# ------------------------------------------------------------------------------------ task counts, ports
+def test_local_task_limit_counts_memory_and_open_files():
+    from tfdist.cluster.local import local_task_limit
+
+    gib = 2 ** 30
+    assert local_task_limit(memory_bytes=4 * gib, open_files=100_000) == 16  # 256 MiB per task
+    assert local_task_limit(memory_bytes=1024 * gib, open_files=1024) == (1024 - 64) // 8
+    assert local_task_limit(memory_bytes=1, open_files=1) == 1
+
+
+def test_a_local_launch_refuses_more_tasks_than_the_machine_can_run():
+    from tfdist.cluster.local import check_local_task_count
+    from tfdist.errors import ConfigError
+
+    config = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 5000}})
+    with pytest.raises(ConfigError) as e:
+        check_local_task_count(config, limit=64)
+    message = str(e.value)
+    assert "`cluster.worker`" in message and "cluster.worker=5000" in message and "at most 64" in message
+    assert "--task" in message and len(message) < 600
+    with pytest.raises(ConfigError, match="cluster.worker"):  # this machine cannot run 5001 tasks either
+        LocalJob(config, script="train.py", log_dir="/logs", forward=False)
+    check_local_task_count(JobConfig.from_dict({"cluster": {"ps": 2, "worker": 8}}), limit=10)
+    elastic = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 1}, "elastic": {"max_workers": 500}})
+    with pytest.raises(ConfigError, match="elastic.max_workers"):
+        check_local_task_count(elastic, limit=64)
+
+
+def test_free_ports_are_distinct_and_picked_at_once():
+    import time
+
+    from tfdist.cluster.local import assign_ports, free_ports
+
+    t0 = time.monotonic()
+    ports = free_ports(300)
+    assert len(set(ports)) == 300 and time.monotonic() - t0 < 5
+    config = assign_ports(JobConfig.from_dict({"cluster": {"ps": 3, "worker": ["127.0.0.1:5000", "127.0.0.1:0", "127.0.0.1:0"]}}))
+    addresses = config.cluster.ps + config.cluster.worker
+    assert len(set(addresses)) == 6 and "127.0.0.1:5000" in addresses
+    assert not any(a.endswith(":0") for a in addresses)

@@ -10,22 +10,25 @@ machine runs the same command with its own ``--task`` and the same
 
     TFDIST_TOKEN=... python -m tfdist.launch --config configs/multi_machine.yaml --task worker:1 train.py
 
-Exit codes: 0 when every training task exited 0; 1 when a task failed (the
-others are stopped and the failed task is named); 2 for a bad config or
-command line; 130 on Ctrl-C.
+Exit codes: 0 when the chief (worker 0) and every worker the job did not go
+on without exited 0; 1 when a task failed that the job cannot do without (see
+``launch.on_worker_failure``; the others are stopped and the failed task is
+named) or the job ran past ``--timeout`` / ``launch.job_timeout_s``; 2 for a
+bad config or command line, before any task starts; 130 on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
 
 from tfdist import constants
 from tfdist.cluster.local import LocalJob, task_argv, task_environment
-from tfdist.config import load_config, parse_task
+from tfdist.config import MAX_SECONDS, load_config, parse_task
 from tfdist.errors import ConfigError, LaunchError, TfdistError
 
 __all__ = ["main"]
@@ -42,13 +45,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", help="run only this task, JOB:INDEX (e.g. worker:1); the multi-machine path")
     p.add_argument("--log-all", action="store_true", help="show every task's stdout, not only the chief's")
     p.add_argument("--log-dir", help="directory for per-task logs (default runs/<name>-<time>)")
-    p.add_argument("--timeout", type=float, help="stop the job after this many seconds")
+    p.add_argument("--timeout", type=float,
+                   help="stop every task and exit 1 if the local job runs longer than this many seconds "
+                        "(overrides launch.job_timeout_s)")
     p.add_argument("script", nargs="?", help="training script run by chief/worker/evaluator tasks")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
 
 
+def _check_timeout_option(timeout: float | None) -> None:
+    if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
+        raise ConfigError(f"Invalid option --timeout. Received: --timeout={timeout:g}. Give a number of seconds "
+                          f"above 0 and at most {MAX_SECONDS} (one year), or leave it out for no limit.")
+
+
 def _run_one_task(config, task, script, script_args) -> int:
+    config.security.check_tls_files(job=task.job)
     if config.cluster.is_unassigned():
         raise ConfigError(
             "--task needs every task's real address in cluster (host:port); this config uses counts "
@@ -75,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         format="[launch] %(message)s",
     )
     try:
+        _check_timeout_option(args.timeout)
         config = load_config(args.config)
         if args.log_all:
             config.launch.log_all_tasks = True
@@ -84,10 +97,15 @@ def main(argv: list[str] | None = None) -> int:
             return _run_one_task(config, parse_task(args.task), args.script, args.script_args)
         if not args.script:
             raise ConfigError("Give the training script to run, e.g. examples/train_digits.py.")
+        config.security.check_tls_files()  # every task runs here
         job = LocalJob(config, args.script, args.script_args, log_dir=args.log_dir)
     except TfdistError as e:
         print(f"tfdist.launch: {e}", file=sys.stderr)
         return 2
+    if args.timeout is not None:
+        timeout, timeout_setting = args.timeout, "--timeout"
+    else:
+        timeout, timeout_setting = config.launch.job_timeout_s, "launch.job_timeout_s"
     cluster = job.config.cluster
     logger.info(
         "job %r: %s; logs in %s",
@@ -104,13 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         if job.config.elastic.enabled:
             from tfdist.elastic.local import run_local_elastic
 
-            result = run_local_elastic(job)
+            result = run_local_elastic(job, timeout=timeout, timeout_setting=timeout_setting)
             logger.info("elastic job: %d batches in %.1f s, %.1f worker-seconds, settled at %s worker(s) after %s s",
                         result.progress, result.completion_s, result.worker_seconds, result.settled_workers,
                         "-" if result.settled_s is None else f"{result.settled_s:.1f}")
         else:
             job.start()
-            job.wait()
+            job.wait(timeout, timeout_setting=timeout_setting)
     except KeyboardInterrupt:
         print("tfdist.launch: interrupted; stopping every task", file=sys.stderr)
         job.stop(grace=3.0)
@@ -120,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         job.stop()
-    logger.info("job %r finished; logs in %s", config.name, job.log_dir)
+    if job.failed_workers:
+        logger.warning("job %r finished without %s, which failed (launch.on_worker_failure=%s); logs in %s",
+                       config.name, ", ".join(map(str, job.failed_workers)), config.launch.on_worker_failure,
+                       job.log_dir)
+    else:
+        logger.info("job %r finished; logs in %s", config.name, job.log_dir)
     return 0
 
 

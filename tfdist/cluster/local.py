@@ -16,11 +16,13 @@ import time
 from typing import IO, Sequence
 
 from tfdist import constants
+from tfdist.cluster.failure import FailureDecision, decide_worker_failure
 from tfdist.cluster.process import TaskProcess
 from tfdist.config import JOB_NAMES, UNASSIGNED, ClusterConfig, JobConfig, TaskSpec
-from tfdist.errors import LaunchError
+from tfdist.errors import ConfigError, LaunchError, TfdistError
 
-__all__ = ["LocalJob", "assign_ports", "task_environment", "free_port"]
+__all__ = ["LocalJob", "assign_ports", "task_environment", "free_port", "free_ports", "local_task_limit",
+           "check_local_task_count"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,14 @@ TRAINING_JOBS = ("chief", "worker")
 SERVER_JOBS = ("ps", "input")
 
 
+#: Memory budgeted per task of a local launch: a TensorFlow worker process needs about this much or more.
+LOCAL_TASK_MEMORY_BYTES = 256 * 1024 * 1024
+#: Open files the launcher holds per task (two pipes, a log file) with room to spare.
+LOCAL_TASK_OPEN_FILES = 8
+#: Open files the launcher keeps for itself.
+_LAUNCHER_OPEN_FILES = 64
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago on ``host``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -37,24 +47,107 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports that were free a moment ago on ``host``.
+
+    All sockets stay bound until every port is chosen, so the kernel never
+    hands out one port twice: one ``bind`` per port, no retries.
+
+    Raises:
+        LaunchError: the machine has not that many free ports (or file descriptors).
+    """
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, 0))
+            except OSError:
+                s.close()
+                raise
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    except OSError as e:
+        raise LaunchError(f"Could not find {count} free ports on {host} ({e.strerror or e}; {len(sockets)} "
+                          "found). Use fewer tasks.") from None
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def assign_ports(config: JobConfig) -> JobConfig:
     """A copy of ``config`` whose ``127.0.0.1:0`` tasks have distinct free ports."""
     config = dataclasses.replace(config, cluster=dataclasses.replace(config.cluster))
-    used: set[int] = set()
-    jobs = {}
-    for job in JOB_NAMES:
-        addrs = []
-        for addr in getattr(config.cluster, job):
-            if addr == UNASSIGNED:
-                port = free_port()
-                while port in used:
-                    port = free_port()
-                used.add(port)
-                addr = f"127.0.0.1:{port}"
-            addrs.append(addr)
-        jobs[job] = addrs
+    wanted = sum(addr == UNASSIGNED for job in JOB_NAMES for addr in getattr(config.cluster, job))
+    ports = iter(free_ports(wanted))
+    jobs = {job: [f"127.0.0.1:{next(ports)}" if addr == UNASSIGNED else addr for addr in getattr(config.cluster, job)]
+            for job in JOB_NAMES}
     config.cluster = ClusterConfig(**jobs)
     return config
+
+
+def _physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _open_file_limit() -> int | None:
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def local_task_limit(memory_bytes: int | None = None, open_files: int | None = None) -> int:
+    """Most tasks a local launch starts on this machine.
+
+    Each task is budgeted :data:`LOCAL_TASK_MEMORY_BYTES` (256 MiB) of the
+    physical memory and :data:`LOCAL_TASK_OPEN_FILES` of the launcher's open
+    files: a job past that cannot run here, and starting it would swap, fail
+    half-way or (picking ports for 100000 tasks) hang.
+
+    Args:
+        memory_bytes: Physical memory. Defaults to this machine's.
+        open_files: The launcher's open-file limit. Defaults to this process's soft ``RLIMIT_NOFILE``.
+    """
+    memory_bytes = _physical_memory_bytes() if memory_bytes is None else memory_bytes
+    open_files = _open_file_limit() if open_files is None else open_files
+    limits = []
+    if memory_bytes:
+        limits.append(memory_bytes // LOCAL_TASK_MEMORY_BYTES)
+    if open_files:
+        limits.append((open_files - _LAUNCHER_OPEN_FILES) // LOCAL_TASK_OPEN_FILES)
+    return max(1, min(limits)) if limits else 1024
+
+
+def check_local_task_count(config: JobConfig, limit: int | None = None) -> None:
+    """Refuses a local launch of more tasks than :func:`local_task_limit` (or ``limit``).
+
+    Raises:
+        ConfigError: naming the field with the most tasks (``elastic.max_workers``
+            when the elastic section sized the cluster), how many tasks, and the limit.
+    """
+    limit = local_task_limit() if limit is None else limit
+    counts = {job: len(getattr(config.cluster, job)) for job in JOB_NAMES}
+    total = sum(counts.values())
+    if total <= limit:
+        return
+    if config.elastic.enabled and config.elastic.max_workers >= max(counts.values()):
+        field, value = "elastic.max_workers", config.elastic.max_workers
+    else:
+        job = max(counts, key=counts.get)
+        field, value = f"cluster.{job}", counts[job]
+    raise ConfigError(
+        f"Invalid config field `{field}`. Received: {field}={value} ({total} tasks in all). A local launch runs "
+        f"every task on this machine, which runs at most {limit} (each task is budgeted "
+        f"{LOCAL_TASK_MEMORY_BYTES // 2 ** 20} MiB of memory and {LOCAL_TASK_OPEN_FILES} open files). Use fewer "
+        "tasks, or list host:port addresses and start one task per machine with --task."
+    )
 
 
 def task_environment(config: JobConfig, task: TaskSpec, token: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -153,6 +246,7 @@ class LocalJob:
         forward: bool = True,
         env: dict[str, dict[str, str]] | None = None,
     ):
+        check_local_task_count(config)
         self.config = assign_ports(config)
         self.script = script
         self.script_args = list(script_args)
@@ -163,6 +257,8 @@ class LocalJob:
         self.forward = forward
         self.extra_env = env or {}
         self.tasks: dict[str, TaskProcess] = {}
+        #: Training tasks that failed and that the job went on without (``launch.on_worker_failure``).
+        self.failed_workers: list[TaskSpec] = []
         #: TF intra-op threads per training task (``launch.threads_per_task``); None: TF's default.
         self.threads_per_task = local_threads_per_task(self.config)
         if self.threads_per_task is not None and "TF_NUM_INTRAOP_THREADS" not in {**os.environ, **self.config.launch.env}:
@@ -208,6 +304,7 @@ class LocalJob:
             raise LaunchError(f"Task {task} is already running (pid {self.tasks[key].pid}).")
         proc = self._make(task).start()
         self.tasks[key] = proc
+        self.failed_workers = [t for t in self.failed_workers if t != task]  # a restarted worker is back
         return proc
 
     def wait_servers_ready(self, client, timeout: float) -> None:
@@ -260,41 +357,100 @@ class LocalJob:
         return self.start_task(self.tasks[key].task if key in self.tasks else TaskSpec(*key.split(":")))
 
     # ---------------------------------------------------------------- watch
-    def wait(self, timeout: float | None = None, poll_s: float = 0.1) -> None:
-        """Returns when every training task has exited 0.
+    def wait(self, timeout: float | None = None, poll_s: float = 0.1,
+             timeout_setting: str = "launch.job_timeout_s") -> None:
+        """Returns when every training task has exited 0 or failed and been left out.
+
+        A training task that exits non-zero is judged by
+        :func:`~tfdist.cluster.failure.decide_worker_failure`
+        (``launch.on_worker_failure``): a worker the job can do without is
+        logged at WARNING, reported gone to the parameter servers and listed
+        in :attr:`failed_workers`; the job goes on. Any other failed task
+        (the chief, a PS, an input task, an evaluator, a worker the mode
+        needs) stops the job.
+
+        Args:
+            timeout: Bound on the wait in seconds. Defaults to ``launch.job_timeout_s``.
+            poll_s: How often the tasks are polled.
+            timeout_setting: The setting ``timeout`` came from, named when it expires.
 
         Raises:
-            LaunchError: a task failed (the message names it and shows the
-                last lines of its output) or ``timeout`` passed; every other
-                task has been stopped by then.
+            LaunchError: a task failed that the job cannot do without (the
+                message names it, says why and shows the last lines of its
+                output) or ``timeout`` passed; every other task has been
+                stopped by then.
         """
         timeout = timeout if timeout is not None else self.config.launch.job_timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout
         training = [k for k, p in self.tasks.items() if p.task.job in TRAINING_JOBS]
         while True:
-            if training and all(self.tasks[k].poll() == 0 for k in training):
+            left_out = {str(t) for t in self.failed_workers}
+            codes = {k: self.tasks[k].poll() for k in training}
+            if training and all(code == 0 or (code is not None and k in left_out) for k, code in codes.items()):
                 return
-            for proc in self.tasks.values():
+            for key, proc in self.tasks.items():
                 code = proc.poll()
                 # A PS exits 0 by itself once every worker said it is done.
-                if code is not None and code != 0:
-                    self._fail(proc)
+                if code is None or code == 0 or key in left_out:
+                    continue
+                decision = None
+                if proc.task.job in TRAINING_JOBS:
+                    decision = self._worker_failure_decision(proc.task)
+                    if not decision.stop:
+                        self._leave_out(proc, decision)
+                        left_out.add(key)
+                        continue
+                self._fail(proc, decision)
             if deadline is not None and time.monotonic() > deadline:
                 running = [k for k, p in self.tasks.items() if p.running]
                 self.stop()
                 raise LaunchError(
-                    f"The job did not finish within {timeout:g} s (setting launch.job_timeout_s); "
+                    f"The job did not finish within {timeout:g} s ({timeout_setting}); "
                     f"still running: {running}. Stopped all tasks. Logs: {self.log_dir}"
                 )
             time.sleep(poll_s)
 
-    def _fail(self, proc: TaskProcess) -> None:
+    def _worker_failure_decision(self, task: TaskSpec) -> FailureDecision:
+        cluster = self.config.cluster
+        failed = [cluster.worker_id(t.job, t.index) for t in self.failed_workers]
+        return decide_worker_failure(self.config, cluster.worker_id(task.job, task.index), failed)
+
+    def _leave_out(self, proc: TaskProcess, decision: FailureDecision) -> None:
+        """Goes on without a failed worker: warn, remember it, tell the parameter servers."""
+        self.failed_workers.append(proc.task)
+        tail = "\n".join("    " + line for line in list(proc.tail)[-5:])
+        logger.warning("Task %s; the job goes on without it (%s).\n  Last lines of %s:\n%s\n  Full log: %s",
+                       proc.describe_exit(), decision.reason, proc.task, tail, proc.log_path)
+        self.report_gone([self.config.cluster.worker_id(proc.task.job, proc.task.index)])
+
+    def report_gone(self, workers: Sequence[int]) -> None:
+        """Tells every PS task that ``workers`` ended, so barriers stop waiting for them now.
+
+        The elastic engine does the same for the workers it runs. Best effort:
+        if the parameter servers cannot be reached, liveness still drops the
+        workers after ``ps.heartbeat_timeout_s``.
+        """
+        if not self.config.cluster.ps:
+            return
+        try:
+            from tfdist.ps.client import PSClient
+
+            with PSClient(self.config.cluster.ps, self.token, rpc_timeout_s=5.0,
+                          max_message_bytes=self.config.ps.max_message_bytes,
+                          tls_ca=self.config.security.tls_ca, tune_malloc=False) as client:
+                client.call_all("Control", {"gone": [int(w) for w in workers]}, timeout=5.0)
+        except (TfdistError, OSError) as e:
+            logger.info("could not tell the parameter servers that worker(s) %s ended (%s); they stop waiting "
+                        "for them after ps.heartbeat_timeout_s", list(workers), e)
+
+    def _fail(self, proc: TaskProcess, decision: FailureDecision | None = None) -> None:
         what = proc.describe_exit()
+        why = f" ({decision.reason})" if decision is not None else ""
         tail = "\n".join("    " + line for line in list(proc.tail)[-15:])
         others = [k for k, p in self.tasks.items() if p.running]
         self.stop()
         raise LaunchError(
-            f"Task {what}; stopped the other tasks ({', '.join(others) or 'none running'}).\n"
+            f"Task {what}{why}; stopped the other tasks ({', '.join(others) or 'none running'}).\n"
             f"  Last lines of {proc.task}:\n{tail}\n  Full log: {proc.log_path}"
         )
 

@@ -5,7 +5,11 @@ Every ``elastic.poll_s`` seconds the engine reads PS task 0's counters
 
 1. notices workers that ended (a crash is a non-zero exit: the PS is told at
    once so barriers stop waiting, and the job goes on without it; while
-   autoscaling, the engine starts a fresh worker to keep the size it chose);
+   autoscaling, the engine starts a fresh worker to keep the size it chose).
+   Whether to go on is the launcher's rule for every job,
+   :func:`tfdist.cluster.failure.decide_worker_failure`: under
+   ``launch.on_worker_failure: auto`` or ``continue`` an elastic job goes on
+   without any worker; under ``stop`` a crash stops it;
 2. notices joiners: a started worker *counts* once the PS has a batch from it
    (it warmed up on ``elastic.warmup_batches`` local batches first);
 3. closes a *measurement window* every ``elastic.interval_batches`` global
@@ -38,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 from tfdist import constants
+from tfdist.cluster.failure import decide_worker_failure
 from tfdist.config import JobConfig
 from tfdist.elastic.actuators import Actuator
 from tfdist.elastic.policy import Action, ScalingConfig, ScalingPolicy, utility_from_dict
@@ -325,6 +330,11 @@ class ElasticEngine:
                 self._record("finished", f"worker {worker} finished its training on its own (exit 0)",
                              worker=worker, exit=code)
                 continue
+            decision = decide_worker_failure(self.config, worker)
+            if decision.stop:
+                self._record("crash", f"worker {worker} crashed (exit {code}); stopping the job: {decision.reason}",
+                             level=logging.ERROR, worker=worker, exit=code)
+                raise LaunchError(f"Worker {worker} crashed (exit {code}); {decision.reason}. See its log.")
             try:
                 self.source.control(gone=[worker])
             except PSUnavailableError:
@@ -428,8 +438,9 @@ class ElasticEngine:
 
     # ----------------------------------------------------------------- run
     def run(self, timeout: float | None = None,
-            on_poll: Callable[["ElasticEngine"], None] | None = None) -> EngineResult:
-        """Starts the job and polls until it is over (or ``timeout``, which raises).
+            on_poll: Callable[["ElasticEngine"], None] | None = None,
+            timeout_setting: str = "launch.job_timeout_s") -> EngineResult:
+        """Starts the job and polls until it is over (or ``timeout``, which raises naming ``timeout_setting``).
 
         ``on_poll(engine)`` runs after every poll (a hook for watchdogs,
         experiments and tests; it may raise to abort the job).
@@ -441,8 +452,8 @@ class ElasticEngine:
                 if on_poll is not None:
                     on_poll(self)
                 if deadline is not None and self.clock() > deadline:
-                    raise LaunchError(f"The elastic job did not finish within {timeout:g} s; "
-                                      f"workers still running: {sorted(self.workers)}.")
+                    raise LaunchError(f"The elastic job did not finish within {timeout:g} s ({timeout_setting}); "
+                                      f"workers still running: {sorted(self.workers)}. Stopped all tasks.")
                 time.sleep(self.e.poll_s)
         finally:
             self._close()

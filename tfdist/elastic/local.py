@@ -16,7 +16,8 @@ logger = logging.getLogger(__name__)
 
 
 def run_local_elastic(job: LocalJob, timeout: float | None = None,
-                      on_poll: Callable[[ElasticEngine], None] | None = None) -> EngineResult:
+                      on_poll: Callable[[ElasticEngine], None] | None = None,
+                      timeout_setting: str = "launch.job_timeout_s") -> EngineResult:
     """Starts the job's servers, lets the engine run the workers, returns what happened.
 
     Parameter servers, input and evaluator tasks start at once; training
@@ -29,6 +30,7 @@ def run_local_elastic(job: LocalJob, timeout: float | None = None,
         job: The launcher's job (not started).
         timeout: Bound on the whole job. Defaults to ``launch.job_timeout_s``.
         on_poll: Called with the engine after every poll (tests inject crashes here).
+        timeout_setting: The setting ``timeout`` came from, named when it expires.
 
     Raises:
         LaunchError: a server task failed, the PS became unreachable, or the
@@ -48,6 +50,6 @@ def run_local_elastic(job: LocalJob, timeout: float | None = None,
 
     timeout = timeout if timeout is not None else job.config.launch.job_timeout_s
     try:
-        return engine.run(timeout=timeout, on_poll=watch)
+        return engine.run(timeout=timeout, on_poll=watch, timeout_setting=timeout_setting)
     finally:
         source.close()

@@ -18,6 +18,7 @@ TensorFlow is imported inside methods only, so importing this module is cheap.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -61,12 +62,15 @@ class ClientConfig:
     from_logits: bool | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
-            raise ConfigError(f"client.learning_rate must be > 0. Received: learning_rate={self.learning_rate!r}")
+        def number(value):
+            return isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and math.isfinite(value)
+
+        if not (number(self.learning_rate) and self.learning_rate > 0):
+            raise ConfigError(f"client.learning_rate must be a finite number > 0. Received: learning_rate={self.learning_rate!r}")
         if self.optimizer not in ("sgd", "adam"):
             raise ConfigError(f"client.optimizer must be 'sgd' or 'adam'. Received: optimizer={self.optimizer!r}")
-        if not 0.0 <= float(self.momentum) < 1.0:
-            raise ConfigError(f"client.momentum must be in [0, 1). Received: momentum={self.momentum!r}")
+        if not (number(self.momentum) and 0.0 <= self.momentum < 1.0):
+            raise ConfigError(f"client.momentum must be a number in [0, 1). Received: momentum={self.momentum!r}")
         for name in ("local_epochs", "batch_size"):
             value = getattr(self, name)
             values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+import math
+from typing import Any, Callable
 
+from tfdist.config import MAX_SECONDS, read_config_file
 from tfdist.errors import ConfigError
 from tfdist.federated.attacks import ByzantineConfig
 from tfdist.federated.client import ClientConfig
@@ -24,16 +26,46 @@ __all__ = [
 ]
 
 
+def _fail(path: str, value: Any, fix: str) -> ConfigError:
+    return ConfigError(f"Invalid config field `{path}`. Received: {path}={value!r}. {fix}")
+
+
+def _integer(path: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _fail(path, value, f"Give an integer >= {low}.")
+
+
+def _number(path: str, value: Any, low: float, high: float | None = None, low_open: bool = False) -> None:
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (value > low if low_open else value >= low) and (high is None or value < high))
+    if not ok:
+        bounds = f"{'>' if low_open else '>='} {low:g}" + (f" and < {high:g}" if high is not None else "")
+        raise _fail(path, value, f"Give a finite number {bounds}.")
+
+
+def _section(where: str, build: Callable[[], Any]) -> Any:
+    """Builds one section, making sure an error names it (``Invalid config field `strategy...`"``)."""
+    try:
+        return build()
+    except ConfigError as e:
+        if f"`{where}" in str(e):
+            raise
+        raise ConfigError(f"Invalid config field `{where}`: {e}") from None
+    except (TypeError, ValueError) as e:  # e.g. float("fast") for a number
+        raise ConfigError(f"Invalid config field `{where}`: {e}.") from None
+
+
 def _from_dict(cls, data: Any, where: str):
     if data is None:
         return cls()
     if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping. Received: {where}={data!r}")
+        raise _fail(where, data, "Write this section as a mapping of fields.")
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(set(data) - names, key=str)
     if unknown:
-        raise ConfigError(f"Unknown keys in {where}. Received: {unknown}. Allowed: {sorted(names)}.")
-    return cls(**data)
+        raise ConfigError(f"Unknown keys in {where}: `{where}.{unknown[0]}`. Received: {unknown}. "
+                          f"Allowed: {sorted(names)}.")
+    return _section(where, lambda: cls(**data))
 
 
 @dataclasses.dataclass
@@ -45,8 +77,10 @@ class DatasetConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if self.name not in DATASETS:
-            raise ConfigError(f"Unknown dataset. Received: dataset.name={self.name!r}. Use one of {sorted(DATASETS)}.")
+        if not isinstance(self.name, str) or self.name not in DATASETS:
+            raise _fail("dataset.name", self.name, f"Unknown dataset: use one of {sorted(DATASETS)}.")
+        _number("dataset.test_fraction", self.test_fraction, 0.0, 1.0, low_open=True)
+        _integer("dataset.seed", self.seed, 0)
 
 
 @dataclasses.dataclass
@@ -59,9 +93,11 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.name != "mlp":
-            raise ConfigError(f"Unknown model. Received: model.name={self.name!r}. Use 'mlp'.")
-        if not all(isinstance(h, int) and h > 0 for h in self.hidden):
-            raise ConfigError(f"model.hidden must be positive ints. Received: hidden={self.hidden!r}")
+            raise _fail("model.name", self.name, "Unknown model: use 'mlp'.")
+        if not isinstance(self.hidden, list) or not all(
+                isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in self.hidden):
+            raise _fail("model.hidden", self.hidden, "Give a list of positive layer sizes, e.g. [64].")
+        _integer("model.seed", self.seed, 0)
 
 
 @dataclasses.dataclass
@@ -75,13 +111,13 @@ class PartitionConfig:
     min_examples: int = 1
 
     def __post_init__(self):
-        if self.scheme not in SCHEMES or self.scheme == "group":
-            raise ConfigError(
-                f"partition.scheme must be 'iid' or 'dirichlet' for built-in datasets (they have no group key). "
-                f"Received: scheme={self.scheme!r}"
-            )
-        if not isinstance(self.num_clients, int) or self.num_clients < 1:
-            raise ConfigError(f"partition.num_clients must be a positive int. Received: {self.num_clients!r}")
+        if not isinstance(self.scheme, str) or self.scheme not in SCHEMES or self.scheme == "group":
+            raise _fail("partition.scheme", self.scheme,
+                        "Use 'iid' or 'dirichlet' for built-in datasets (they have no group key).")
+        _integer("partition.num_clients", self.num_clients, 1)
+        _number("partition.alpha", self.alpha, 0.0, low_open=True)
+        _integer("partition.seed", self.seed, 0)
+        _integer("partition.min_examples", self.min_examples, 0)
 
 
 @dataclasses.dataclass
@@ -98,10 +134,17 @@ class RunConfig:
 
     def __post_init__(self):
         for name in ("rounds", "eval_every", "threads_per_worker"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"simulation.{name} must be an int >= 1. Received: {name}={getattr(self, name)!r}")
-        if not isinstance(self.num_workers, int) or self.num_workers < 0:
-            raise ConfigError(f"simulation.num_workers must be an int >= 0. Received: {self.num_workers!r}")
+            _integer(f"simulation.{name}", getattr(self, name), 1)
+        _integer("simulation.num_workers", self.num_workers, 0)
+        _integer("simulation.seed", self.seed, 0)
+        d = self.round_deadline_s
+        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d)
+                              or not 0 < d <= MAX_SECONDS):
+            raise _fail("simulation.round_deadline_s", d,
+                        "Give a number of simulated seconds above 0 (and at most one year), or null for rounds "
+                        "that wait for every sampled client.")
+        if not isinstance(self.progress, bool):
+            raise _fail("simulation.progress", self.progress, "Give true or false.")
 
 
 @dataclasses.dataclass
@@ -125,18 +168,29 @@ class ExperimentConfig:
     output: str | None = None
 
     def __post_init__(self):
-        make_strategy(self.strategy)  # fail fast on a bad strategy
-        make_delay_model(self.delays)
-        ByzantineConfig.from_spec(self.byzantine)
+        strategy = _section("strategy", lambda: make_strategy(self.strategy))  # fail fast on a bad strategy
+        _section("delays", lambda: make_delay_model(self.delays))
+        _section("byzantine", lambda: ByzantineConfig.from_spec(self.byzantine))
+        per_round = getattr(strategy, "clients_per_round", None)
+        if isinstance(per_round, int) and per_round > self.partition.num_clients:
+            raise _fail("strategy.clients_per_round", per_round,
+                        f"It exceeds partition.num_clients={self.partition.num_clients}: a round cannot sample more "
+                        "clients than there are. Lower strategy.clients_per_round or raise partition.num_clients.")
+        if self.output is not None and (not isinstance(self.output, str) or not self.output):
+            raise _fail("output", self.output, "Give a file path for the history JSON, or null.")
 
     @classmethod
     def from_dict(cls, data: dict) -> "ExperimentConfig":
         if not isinstance(data, dict):
-            raise ConfigError(f"An experiment config must be a mapping. Received: {type(data).__name__}")
+            name = type(data).__name__
+            raise ConfigError(f"An experiment config must be a mapping of sections (dataset, model, strategy, ...). "
+                              f"Received: {'an' if name[:1] in 'aeiou' else 'a'} {name}. "
+                              "Write e.g. `strategy: {name: fedavg}`.")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(set(data) - names, key=str)
         if unknown:
-            raise ConfigError(f"Unknown top-level keys. Received: {unknown}. Allowed: {sorted(names)}.")
+            raise ConfigError(f"Unknown top-level keys: `{unknown[0]}`. Received: {unknown}. "
+                              f"Allowed: {sorted(names)}.")
         return cls(
             dataset=_from_dict(DatasetConfig, data.get("dataset"), "dataset"),
             model=_from_dict(ModelConfig, data.get("model"), "model"),
@@ -171,12 +225,14 @@ class ExperimentConfig:
 
 
 def load_experiment(path: str) -> ExperimentConfig:
-    """Reads a YAML experiment file into an :class:`ExperimentConfig`."""
-    import yaml
+    """Reads a YAML experiment file into an :class:`ExperimentConfig`.
 
+    Raises:
+        ConfigError: the file cannot be read, is not UTF-8 YAML (see
+            :func:`tfdist.config.read_config_file`) or has a bad field.
+    """
+    data = read_config_file(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as e:
-        raise ConfigError(f"Cannot read the config file. Received: path={path!r} ({e.strerror}).") from None
-    return ExperimentConfig.from_dict(data or {})
+        return ExperimentConfig.from_dict({} if data is None else data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -40,6 +40,7 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
         )
     creds = None
     if config.security.tls_cert:
+        config.security.check_tls_files(job="ps")  # a missing or non-PEM file: a ConfigError naming it
         creds = load_tls_server_credentials(config.security.tls_cert, config.security.tls_key)
     return PSServer(
         None,  # the chief's Init brings the consistency policy

@@ -65,6 +65,7 @@ class PSClient:
             memory.tune_malloc()
         self.addresses = list(addresses)
         self.rpc_timeout_s = rpc_timeout_s
+        self.tls_ca = tls_ca
         self._metadata = token_metadata(token)
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -98,10 +99,13 @@ class PSClient:
             except grpc.FutureTimeoutError:
                 for _, other in pending:
                     other.cancel()
+                tls = (f" This client uses TLS (security.tls_ca={self.tls_ca!r}): it may be a TLS/certificate "
+                       "problem. Does the PS serve TLS (security.tls_cert, tls_key), with a certificate signed by "
+                       "that CA for the host it is reached at?") if self.tls_ca else ""
                 raise PSUnavailableError(
                     f"Could not reach parameter server ps:{i} at {self.addresses[i]} within "
                     f"{timeout:g} s (setting ps.startup_timeout_s). Is the PS task running and "
-                    "is the address right?"
+                    f"is the address right?{tls}"
                 ) from None
 
     def request(self, ps: int, request: Any, timeout: float | None = None) -> Response:

@@ -136,6 +136,24 @@ def test_crash_without_autoscaling_just_drops_the_worker():
     assert not [d for d in engine.decisions if d["kind"] == "restart"]
 
 
+def test_a_crash_stops_the_elastic_job_under_on_worker_failure_stop():
+    """One rule for every job (tfdist.cluster.failure): auto goes on without the worker, stop stops."""
+    from tfdist.errors import LaunchError
+
+    clock = Clock()
+    config = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 2}, "launch": {"on_worker_failure": "stop"},
+                                  "elastic": {"max_workers": 2, "initial_workers": 2, "autoscale": False,
+                                              "replace_stragglers": False}})
+    actuator = DryRunActuator(clock)
+    ps = SimulatedPS(clock, actuator, lambda w: 10.0)
+    engine = ElasticEngine(config, actuator, ps, clock=clock)
+    engine.start()
+    drive(engine, ps, 2)
+    actuator.end(1, 3)
+    with pytest.raises(LaunchError, match=r"Worker 1 crashed \(exit 3\); launch.on_worker_failure=stop"):
+        engine.poll()
+
+
 def test_persistent_straggler_gets_a_spare_and_is_drained_only_after_the_spare_joined():
     engine, ps, actuator = make({"max_workers": 4, "initial_workers": 3, "autoscale": False, "interval_batches": 10,
                                  "max_spares": 1}, rate=lambda w: 2.0 if w == 1 else 10.0)

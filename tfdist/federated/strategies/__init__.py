@@ -47,7 +47,7 @@ def make_strategy(spec) -> Strategy:
         kwargs = dict(spec)
         name = str(kwargs.pop("name", "fedavg")).lower()
         if name not in _BY_NAME:
-            raise ConfigError(f"Unknown strategy. Received: name={name!r}. Use one of {sorted(_BY_NAME)}.")
+            raise ConfigError(f"Unknown strategy. Received: strategy.name={name!r}. Use one of {sorted(_BY_NAME)}.")
         try:
             return _BY_NAME[name](**kwargs)
         except TypeError as e:
