@@ -192,8 +192,12 @@ def test_a_refused_request_changes_nothing_and_the_store_keeps_serving(kind, req
         ParameterService(store).handle(method, meta, tensors, budget=0.0)
     except RequestError as e:
         assert isinstance(e.grpc_code, str)
-        after = comparable(store.state())
-        assert after == before, f"{method} {meta} refused ({e}) but changed the store"
+        if method == "PushGradients" and "gradient is counted" in str(e):
+            # Not a refusal: the gradient was accepted; only the wait for the rest of the step ran out.
+            assert e.grpc_code == "ABORTED" and meta["worker"] in store.state()["contributors"]
+        else:
+            after = comparable(store.state())
+            assert after == before, f"{method} {meta} refused ({e}) but changed the store"
     check_still_serves(store, kind)
 
 

@@ -156,7 +156,7 @@ class _Fields:
 
     def workers(self, name: str, default: Any = None) -> frozenset[int] | None:
         value = self.get(name, default)
-        if value is None:
+        if value is None and default is None:
             return None
         if not isinstance(value, list) or len(value) > MAX_ITEMS:
             raise self._fail(name, value, "a list of worker ids")

@@ -503,7 +503,9 @@ class ParameterStore:
                 if waited:
                     self.stats["waits"] += 1
                 # A contributor's wait is not counted against max_waiters: at most one per worker.
-                self._wait_for(lambda: self._step_wait(step), timeout, f"complete step {step}", cancelled,
+                # If it runs out, the gradient still counts towards the step (the error says so).
+                self._wait_for(lambda: self._step_wait(step), timeout,
+                               f"complete step {step} (this worker's gradient is counted)", cancelled,
                                counted=False)
             meta = {"dropped": dropped, "global_step": self.global_step, "step": step, "reason": decision.reason,
                     "waited": not dropped and waited, **self._member_info(worker)}
