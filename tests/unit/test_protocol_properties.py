@@ -9,6 +9,7 @@ The wire decoder raises only ``WireFormatError`` for any input.
 """
 
 import json
+import os
 import struct
 import threading
 
@@ -31,7 +32,11 @@ SPECS = [VariableSpec("a", "float32", (2, 2)), VariableSpec("b", "float32", (3,)
 SPEC_DICTS = [s.to_dict() for s in SPECS]
 NUM_WORKERS = 3
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: Deterministic in the suite (CI never fails on a newly drawn example); explore more with
+#: TFDIST_HYPOTHESIS_EXAMPLES=5000 TFDIST_HYPOTHESIS_RANDOM=1 (a local search for new counter-examples).
+_EXAMPLES = int(os.environ.get("TFDIST_HYPOTHESIS_EXAMPLES", "300"))
+SETTINGS = settings(max_examples=_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                    derandomize=os.environ.get("TFDIST_HYPOTHESIS_RANDOM") != "1")
 
 
 class FrozenClock:
@@ -169,7 +174,7 @@ def check_still_serves(store, kind):
     """A valid request of the store's path is applied exactly, and Status answers."""
     svc = ParameterService(store)
     assert svc.call("Status", brief=True)[0]["initialized"] == store.initialized
-    if not store.initialized:
+    if not store.initialized or "b" not in store.state()["values"]:  # (an Init may have stored other specs)
         return
     before = store.state()["values"]["b"].copy()
     if kind == "bsp":  # a gradient could wait for other workers here: a read answers at once
@@ -219,7 +224,8 @@ def test_an_init_is_applied_whole_or_not_at_all(meta, tensors):
 
 
 # -------------------------------------------------------------------- wire
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=max(500, _EXAMPLES), deadline=None,
+          derandomize=os.environ.get("TFDIST_HYPOTHESIS_RANDOM") != "1")
 @given(st.binary(max_size=300))
 def test_the_decoder_raises_only_its_error_on_any_bytes(data):
     for message in (data, wire.MAGIC + data):
@@ -243,7 +249,8 @@ entry = st.fixed_dictionaries({}, optional={
 })
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=max(500, _EXAMPLES), deadline=None,
+          derandomize=os.environ.get("TFDIST_HYPOTHESIS_RANDOM") != "1")
 @given(header=st.one_of(json_values, st.fixed_dictionaries(
     {"meta": json_values, "tensors": st.one_of(st.lists(entry, max_size=3), json_values)})),
     payload=st.binary(max_size=40))
