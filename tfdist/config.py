@@ -322,22 +322,20 @@ class StrategyConfig:
 
     def policy_spec(self, num_workers: int) -> dict[str, Any]:
         """The policy spec (see ``tfdist.consistency``) this section describes."""
+        from tfdist.consistency import POLICY_PARAMS, make_policy
+
         name = self.consistency
-        if name == "async":
-            return {"policy": "async"}
-        if name == "ssp":
-            return {"policy": "ssp", "staleness": self.staleness, "refresh_every_step": False}
-        if name == "dtssp":
-            return {"policy": "dtssp", "min_staleness": self.min_staleness, "max_staleness": self.max_staleness,
-                    "window": self.window, "delta": self.delta}
-        m = self.replicas_to_aggregate or num_workers
-        if m > num_workers:
-            raise _fail(
-                "strategy.replicas_to_aggregate", m,
-                f"The job has {num_workers} worker(s); aggregating more gradients than workers per step "
-                "(accumulation across steps) is not supported. Use at most the number of workers.",
-            )
-        return {"policy": name, "replicas_to_aggregate": m}
+        params = {p: getattr(self, p) for p in POLICY_PARAMS[name]}
+        if "replicas_to_aggregate" in params:
+            m = self.replicas_to_aggregate or num_workers
+            if m > num_workers:
+                raise _fail(
+                    "strategy.replicas_to_aggregate", m,
+                    f"The job has {num_workers} worker(s); aggregating more gradients than workers per step "
+                    "(accumulation across steps) is not supported. Use at most the number of workers.",
+                )
+            params["replicas_to_aggregate"] = m
+        return make_policy(name, num_workers, **params).spec()
 
 
 @dataclass

@@ -45,6 +45,8 @@ __all__ = [
     "cache_is_fresh_enough",
     "learning_progress_ratio",
     "make_policy",
+    "POLICY_NAMES",
+    "POLICY_PARAMS",
     "next_staleness",
     "policy_from_spec",
 ]
@@ -57,6 +59,15 @@ BSP = BSPPolicy
 ASP = AsyncPolicy
 
 POLICY_NAMES = ("async", "bsp", "sync_replicas", "ssp", "dtssp")
+
+#: The parameters each mode takes (the ``strategy:`` config fields that travel in its spec).
+POLICY_PARAMS = {
+    "async": (),
+    "ssp": ("staleness",),
+    "dtssp": ("min_staleness", "max_staleness", "window", "delta"),
+    "bsp": ("replicas_to_aggregate",),
+    "sync_replicas": ("replicas_to_aggregate",),
+}
 
 
 def policy_from_spec(spec: Mapping[str, Any], num_workers: int = 1) -> ConsistencyPolicy:
@@ -85,5 +96,10 @@ def policy_from_spec(spec: Mapping[str, Any], num_workers: int = 1) -> Consisten
 
 
 def make_policy(name: str, num_workers: int = 1, **params) -> ConsistencyPolicy:
-    """Returns a fresh policy for a consistency-mode name and its parameters."""
+    """Returns a fresh policy for a consistency-mode name and its parameters.
+
+    With :func:`policy_from_spec` and :meth:`ConsistencyPolicy.spec` this is
+    the one codec of consistency settings: the config, the strategies and
+    the parameter servers all go through it.
+    """
     return policy_from_spec({"policy": name, **params}, num_workers)
