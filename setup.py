@@ -17,6 +17,8 @@ setup(
         "tensorflow>=2.21,<2.22",
         "keras>=3.15,<3.16",
         "tensorflow-datasets>=4.9",
+        # keras.callbacks.TensorBoard needs it; TensorFlow 2.21 no longer installs it.
+        "tensorboard>=2.21,<2.22",
         "numpy>=1.26",
         "grpcio>=1.60",
         "absl-py>=2.0",

@@ -1,0 +1,36 @@
+"""keras.callbacks.TensorBoard works under a tfdist strategy in the stock install and records ps_* scalars."""
+
+import glob
+
+import numpy as np
+
+
+def _scalar_tags(log_dir):
+    import tensorflow as tf
+
+    tags = set()
+    for path in glob.glob(f"{log_dir}/**/events.out.tfevents.*", recursive=True):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                tags.add(value.tag)
+    return tags
+
+
+def test_fit_with_the_tensorboard_callback_writes_the_exchange_counters(tmp_path):
+    import keras
+
+    import tfdist
+
+    strategy = tfdist.ParameterServerStrategy()  # no cluster: an in-process PS
+    try:
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+            model.compile("sgd", "sparse_categorical_crossentropy")
+        rng = np.random.default_rng(0)
+        x, y = rng.random((64, 4), dtype=np.float32), rng.integers(0, 3, 64)
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                  callbacks=[keras.callbacks.TensorBoard(str(tmp_path / "tb"))])
+    finally:
+        strategy.shutdown()
+    tags = _scalar_tags(tmp_path / "tb")
+    assert {"epoch_loss", "epoch_ps_step", "epoch_ps_waits", "epoch_ps_refreshes"} <= tags, sorted(tags)
