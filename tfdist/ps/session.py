@@ -316,13 +316,20 @@ class WorkerSession:
         self._hb_stop.set()
 
     def close(self, done: bool = True) -> None:
-        """Stops heart-beating and tells the PS tasks this worker is done."""
+        """Stops heart-beating and tells the PS tasks this worker is done.
+
+        ``Done`` goes to the PS tasks one after the other from the calling
+        thread: ``close`` often runs at interpreter exit, when no new thread
+        can be started. A PS task waits for every worker's ``Done`` before it
+        exits, so a failure is logged as a warning.
+        """
         self._hb_stop.set()
         if done:
             try:
-                self.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0)
+                self.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0, parallel=False)
             except Exception as e:
-                logger.debug("could not send Done: %s", e)
+                logger.warning("worker %d could not tell the parameter servers it is done (they exit once every "
+                               "worker is): %s", self.worker_id, e)
         self.client.close()
 
 

@@ -357,6 +357,10 @@ class _Runtime:
         logger.info("worker %d left the job", self.worker_id)
 
     def close(self, done: bool = True) -> None:
+        """Sends what is unsent, says ``Done`` (training tasks) and closes the connections (idempotent).
+
+        Safe at interpreter exit: no call here needs a new thread.
+        """
         if self._closed:
             return
         self._closed = True
@@ -793,7 +797,10 @@ class ParameterServerStrategy(StrategyBase):
     def shutdown(self) -> None:
         """Tells the PS this worker is done and closes connections (idempotent).
 
-        Called automatically at interpreter exit.
+        Called automatically at interpreter exit (the ``Done`` message needs
+        no thread pool, so it goes out then too). A parameter-server task
+        exits once every training worker is done; an evaluator's shutdown
+        sends nothing.
         """
         # An in-process PS needs no "done" message (and may already be gone).
         self._runtime.close(done=self._local_server is None)
