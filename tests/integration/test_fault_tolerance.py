@@ -7,6 +7,7 @@ DEADLINE_EXCEEDED ("the PS task may have died") although the PS was healthy.
 """
 
 import json
+import math
 import os
 
 import pytest
@@ -77,3 +78,19 @@ def test_survivors_of_a_killed_worker_finish_fit_with_the_default_config(tmp_pat
         assert 2 not in last["live_workers"]
     # SyncReplicas: a worker whose gradient came late may skip a global step (it reloads the job's state),
     # so the survivors can end at different global steps and states; both trained all their batches.
+
+
+def test_a_bsp_worker_that_leaves_fit_early_and_lingers_does_not_stop_the_others(tmp_path, scripts_dir):
+    """Worker 1 stops after 5 of 20 steps (like EarlyStopping), stays alive until worker 0 is done, then evaluates."""
+    args = ["--mode", "bsp", "--stop-worker", "1", "--stop-at", "5", "--leave-on-train-end", "--linger-for-others"]
+    cluster, out = _start(tmp_path, scripts_dir, 2, args)
+    with cluster:
+        cluster.wait(240)
+        _wait(cluster, "ps:0", 20)  # and the PS ends by itself: both workers said Done at exit
+    early, full = _read(out, 1), _read(out, 0)
+    assert early["steps"] == 5 and full["steps"] == STEPS
+    assert max(full["durations"][1:]) < JobConfig().ps.rpc_timeout_s  # waited for the leaver once, within bounds
+    assert math.isfinite(early["eval_after_linger"])  # the leaver still reads (evaluates) after the others are done
+    status = full["ps_status"][0]
+    assert status["global_step"] == STEPS and status["worker_batches"] == {"0": STEPS, "1": 5}
+    assert 1 not in status["live_workers"]

@@ -32,3 +32,29 @@ def test_calls_to_several_ps_tasks_go_out_one_by_one_when_no_thread_can_take_the
         client.close()
         for s in servers:
             s.stop(0)
+
+
+def test_a_worker_that_left_after_fit_evaluates_and_takes_part_again_in_its_next_fit(monkeypatch):
+    import keras
+    import numpy as np
+
+    import tfdist
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TFDIST_CONFIG", raising=False)
+    strategy = tfdist.BSPStrategy()  # no cluster: one worker and an in-process PS
+    try:
+        rng = np.random.default_rng(0)
+        x, y = rng.normal(size=(32, 4)).astype("float32"), rng.integers(0, 3, 32)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+            model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tfdist.callbacks.LeaveOnTrainEnd()])
+        assert strategy.ps_status()[0]["global_step"] == 4
+        assert np.isfinite(model.evaluate(x, y, verbose=0))  # reads like an evaluator now
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # back in the job
+        status = strategy.ps_status()[0]
+        assert status["global_step"] == 8 and status["worker_batches"] == {"0": 8}
+        assert status["live_workers"] == [0]
+    finally:
+        strategy.shutdown()

@@ -98,12 +98,11 @@ class WorkerSession:
         self._by_key = {s.key: s for s in self.specs}
         self.stats = {"syncs": 0, "pulls": 0, "bytes_pushed": 0, "bytes_pulled": 0, "sync_seconds": 0.0,
                       "unchanged_replies": 0}
+        self._hb_interval = heartbeat_interval_s
         self._hb_stop = threading.Event()
         self._hb_thread = None
         if heartbeat_interval_s:
-            self._hb_thread = threading.Thread(
-                target=self._heartbeat_loop, args=(heartbeat_interval_s,), name="tfdist-heartbeat", daemon=True
-            )
+            self._hb_thread = self._heartbeat_thread()
 
     # --------------------------------------------------------------- split
     def _split(self, values: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
@@ -189,7 +188,8 @@ class WorkerSession:
         self._start_heartbeat()
         return values
 
-    def pull(self, clock: int | None = None, min_state_step: int | None = None) -> dict[str, np.ndarray]:
+    def pull(self, clock: int | None = None, min_state_step: int | None = None, as_reader: bool = False
+             ) -> dict[str, np.ndarray]:
         """Fresh values of every variable; resets the snapshot to them.
 
         Args:
@@ -197,9 +197,16 @@ class WorkerSession:
                 PS wait until the read is allowed). Defaults to the current.
             min_state_step: Gradient path: wait for a state snapshot at least
                 this recent.
+            as_reader: Read as an evaluator does (no worker id, clock 0): the
+                read neither waits for other workers nor counts as a sign of
+                life, so a worker that left the barriers can still evaluate.
+                Defaults to ``False``.
         """
         start = time.perf_counter()
-        meta = {"worker": self.worker_id, "clock": self.clock if clock is None else clock}
+        if as_reader:
+            meta = {"worker": -1, "clock": 0}
+        else:
+            meta = {"worker": self.worker_id, "clock": self.clock if clock is None else clock}
         if min_state_step is not None:
             meta["min_state_step"] = min_state_step
         replies = self.client.call_many(
@@ -305,8 +312,12 @@ class WorkerSession:
         if self._hb_thread is not None and not self._hb_thread.is_alive() and not self._hb_stop.is_set():
             self._hb_thread.start()
 
-    def _heartbeat_loop(self, interval: float) -> None:
-        while not self._hb_stop.wait(interval):
+    def _heartbeat_thread(self) -> threading.Thread:
+        return threading.Thread(target=self._heartbeat_loop, args=(self._hb_interval, self._hb_stop),
+                                name="tfdist-heartbeat", daemon=True)
+
+    def _heartbeat_loop(self, interval: float, stop: threading.Event) -> None:
+        while not stop.wait(interval):
             try:
                 self.client.call_all("Heartbeat", {"worker": self.worker_id}, timeout=interval * 2)
             except Exception as e:  # a missed beat is not fatal; the next call reports a dead PS
@@ -314,6 +325,19 @@ class WorkerSession:
 
     def stop_heartbeat(self) -> None:
         self._hb_stop.set()
+
+    def rejoin(self) -> None:
+        """Takes part again after :meth:`stop_heartbeat` (a worker that left trains again).
+
+        Every PS task forgets that this worker said ``Done`` (if it did) and
+        the heart-beat resumes; the PS counts the worker as live from its
+        next call on (as a joiner if it had dropped it meanwhile).
+        """
+        self.client.call_all("WaitInit", {"timeout_s": 0.0, "worker": self.worker_id})
+        if self._hb_interval and self._hb_stop.is_set():
+            self._hb_stop = threading.Event()
+            self._hb_thread = self._heartbeat_thread()
+            self._hb_thread.start()
 
     def close(self, done: bool = True) -> None:
         """Stops heart-beating and tells the PS tasks this worker is done.
@@ -505,9 +529,10 @@ class UpdateSession(WorkerSession):
             version=[replies[i][0]["version"] for i in range(self.plan.num_ps)], replies=replies,
         )
 
-    def pull(self, clock: int | None = None, min_state_step: int | None = None) -> dict[str, np.ndarray]:
+    def pull(self, clock: int | None = None, min_state_step: int | None = None, as_reader: bool = False
+             ) -> dict[str, np.ndarray]:
         self.flush()  # the update in flight first; the pulled values replace the local ones anyway
-        return super().pull(clock=clock, min_state_step=min_state_step)
+        return super().pull(clock=clock, min_state_step=min_state_step, as_reader=as_reader)
 
     def close(self, done: bool = True) -> None:
         try:

@@ -232,10 +232,12 @@ class _Runtime:
                         self.worker_id, time.perf_counter() - self._warmup_started, len(self.config.cluster.ps))
             self._warmup_started = None
         session = self.ensure_session()
+        if training and self._left:
+            self.rejoin()
         if not training or self.worker_id < 0:
             if self.path == "update" or self.worker_id < 0:
                 self.push_unsent()  # local steps not yet sent would be lost to the pull
-                self.assign(session.pull())
+                self.assign(session.pull(as_reader=self._left))
                 return
         self.step_wait_s = 0.0
         with self._blocked():
@@ -337,7 +339,22 @@ class _Runtime:
         return None
 
     def leave(self) -> None:
-        """Leaves the job now (graceful): the PS stops counting this worker; pulls still work."""
+        """Stops taking part in training (graceful): barriers stop waiting for this worker; reads still work.
+
+        The last local steps and any update in flight are sent first. Then
+        the worker stops heart-beating and reads like an evaluator (no worker
+        id), so no PS task counts it as live any more:
+
+        * elastic jobs (``elastic.enabled``): the worker also says ``Done``,
+          and barriers stop waiting for it at once; the PS tasks keep serving
+          (the launcher or engine stops them);
+        * other jobs: a PS task exits once every worker said ``Done``, so a
+          worker that may still evaluate does not say it here (it does when
+          its process ends, or on :meth:`close`). Barriers stop waiting for
+          it when its silence reaches ``ps.heartbeat_timeout_s``.
+
+        A later training step takes the worker back into the job (:meth:`rejoin`).
+        """
         if self._left or self.session is None or self.worker_id < 0:
             return
         unsent = self._unsent_steps
@@ -350,11 +367,24 @@ class _Runtime:
             flush = getattr(self.session, "flush", None)
             if flush is not None:
                 flush()  # an overlapped update in flight lands before this worker stops counting
-            self.session.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0)
+            if self.config.elastic.enabled:
+                self.session.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0)
         except Exception as e:  # leaving is best effort: heart-beat silence has the same effect
             logger.warning("worker %d: could not tell the PS it leaves: %s", self.worker_id, e)
         self.session.stop_heartbeat()
-        logger.info("worker %d left the job", self.worker_id)
+        if self.config.elastic.enabled:
+            logger.info("worker %d left the job", self.worker_id)
+        else:
+            logger.info("worker %d left training; the others stop waiting for it within %g s "
+                        "(ps.heartbeat_timeout_s)", self.worker_id, self.config.ps.heartbeat_timeout_s)
+
+    def rejoin(self) -> None:
+        """Takes part in training again after :meth:`leave` (a later ``fit``)."""
+        if not self._left or self.session is None:
+            return
+        self.session.rejoin()
+        self._left = False
+        logger.info("worker %d takes part in training again", self.worker_id)
 
     def close(self, done: bool = True) -> None:
         """Sends what is unsent, says ``Done`` (training tasks) and closes the connections (idempotent).
@@ -782,9 +812,15 @@ class ParameterServerStrategy(StrategyBase):
         return self._runtime.stop_reason()
 
     def leave(self) -> None:
-        """Leaves the job gracefully: the PS stops waiting for this worker.
+        """Stops taking part in training: barriers (BSP, SyncReplicas, SSP) stop waiting for this worker.
 
-        Evaluate and predict still work afterwards (they only pull).
+        Call it when this worker's ``fit`` is over for good while its process
+        goes on (or add :class:`tfdist.callbacks.LeaveOnTrainEnd` to ``fit``).
+        In an elastic job the parameter servers stop waiting at once;
+        otherwise within ``ps.heartbeat_timeout_s`` (the worker says ``Done``
+        only when its process ends, because a PS task exits once every worker
+        has). Evaluate and predict still work afterwards (they read like an
+        evaluator), and a later ``fit`` takes the worker back into the job.
         """
         self._runtime.leave()
 

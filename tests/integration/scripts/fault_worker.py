@@ -3,6 +3,10 @@
 Usage: fault_worker.py --out DIR --mode bsp|sync_replicas [--m M] [--steps N]
        [--crash-worker W --crash-at K]      worker W SIGKILLs itself after its K-th step
        [--stop-worker W --stop-at K]        worker W ends fit after K steps (as EarlyStopping does)
+       [--leave-on-train-end]               add tfdist.callbacks.LeaveOnTrainEnd to fit
+       [--linger-for-others]                the stopping worker, after fit, waits (bounded) until every
+                                            other worker wrote its result, then evaluates (its process
+                                            outlives their fit)
        [--hold-worker H --hold-at K]        worker H waits (bounded) before its K-th step until the
                                             crashing worker has crashed, so the crash happens while H
                                             trains (SyncReplicas: the others would not wait for a
@@ -77,6 +81,8 @@ def main():
     p.add_argument("--stop-at", type=int)
     p.add_argument("--hold-worker", type=int, default=-1)
     p.add_argument("--hold-at", type=int)
+    p.add_argument("--leave-on-train-end", action="store_true")
+    p.add_argument("--linger-for-others", action="store_true")
     args = p.parse_args()
 
     if args.mode == "bsp":
@@ -95,7 +101,7 @@ def main():
     faults = Faults(args.out, crash_at=args.crash_at if me == args.crash_worker else None,
                     stop_at=args.stop_at if me == args.stop_worker else None,
                     hold_at=args.hold_at if me == args.hold_worker else None, crash_worker=args.crash_worker)
-    callbacks = [faults]
+    callbacks = [faults] + ([tfdist.callbacks.LeaveOnTrainEnd()] if args.leave_on_train_end else [])
     start = time.monotonic()
     hist = model.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=2, callbacks=callbacks)
     result = {
@@ -108,6 +114,14 @@ def main():
         "ps_status": [{k: st[k] for k in ("global_step", "state_step", "stats", "live_workers", "done_workers",
                                           "worker_batches")} for st in strategy.ps_status()],
     }
+    if args.linger_for_others and me == args.stop_worker:  # outlive the others' fit, then still evaluate
+        deadline = time.monotonic() + 120
+        others = [os.path.join(args.out, f"worker-{w}.json") for w in range(n) if w != me]
+        while not all(os.path.exists(f) for f in others):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the other workers did not finish within 120 s")
+            time.sleep(0.05)
+        result["eval_after_linger"] = float(model.evaluate(data.x_test.reshape(-1, 64), data.y_test, verbose=0))
     path = os.path.join(args.out, f"worker-{me}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(result, f)
