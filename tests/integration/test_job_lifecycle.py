@@ -8,11 +8,108 @@ that message needed a thread pool Python had already shut down, so the PS
 tasks served forever).
 """
 
+import json
+import os
+import sys
+import time
+
 import pytest
 
+from tfdist.cluster.local import free_port
+from tfdist.cluster.process import TaskProcess
+from tfdist.config import TaskSpec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "train_digits.py")
+EXAMPLE_ARGS = ["--dataset", "digits", "--epochs", "3", "--eval-interval", "0.5"]
 TOKEN = "lifecycle-test-token"
 
 pytestmark = pytest.mark.timeout(300)
+
+
+def _cluster(jobs):
+    return {job: [f"127.0.0.1:{free_port()}" for _ in range(n)] for job, n in jobs.items() if n}
+
+
+def _base_env():
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFDIST_CONFIG")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", PYTHONUNBUFFERED="1", TFDIST_TOKEN=TOKEN)
+    return env
+
+
+def _wait_all_exit(procs, timeout):
+    """Waits (bounded) for every process to exit by itself; returns {task: exit code}."""
+    deadline = time.monotonic() + timeout
+    codes = {}
+    for key, proc in procs.items():
+        codes[key] = proc.wait(max(deadline - time.monotonic(), 0.1))
+    return codes
+
+
+def _describe(procs, codes):
+    return "\n".join(f"--- {k} (exit {codes.get(k)}): {p.log_path}\n" + "\n".join(list(p.tail)[-12:])
+                     for k, p in procs.items())
+
+
+def _run_job(tmp_path, order, argv_of, env_of, train_timeout=150, end_timeout=20):
+    """Starts one process per task; asserts the training tasks, then all the others, exit 0 by themselves."""
+    procs = {}
+    try:
+        for task in order:
+            procs[str(task)] = TaskProcess(task, argv_of(task), env_of(task),
+                                           log_path=str(tmp_path / "logs" / f"{task.job}-{task.index}.log"),
+                                           forward_stdout=False, forward_stderr=False).start()
+        training = {k: p for k, p in procs.items() if p.task.job in ("chief", "worker")}
+        codes = _wait_all_exit(training, train_timeout)
+        assert all(c == 0 for c in codes.values()), _describe(procs, codes)
+        # The rest (PS tasks, evaluator) end because the workers are done: nothing stops them.
+        codes.update(_wait_all_exit({k: p for k, p in procs.items() if k not in training}, end_timeout))
+        assert all(c == 0 for c in codes.values()), (
+            f"not every task exited 0 within {end_timeout} s of the workers (None: still running)\n"
+            + _describe(procs, codes))
+        return procs
+    finally:
+        for p in procs.values():
+            if p.running:
+                p.kill()
+
+
+def test_tf_config_job_with_two_ps_and_an_evaluator_ends_by_itself(tmp_path):
+    """The example script on every task of a TF_CONFIG job (chief, worker, 2 ps, evaluator)."""
+    cluster = _cluster({"chief": 1, "worker": 1, "ps": 2, "evaluator": 1})
+    order = [TaskSpec("ps", 0), TaskSpec("ps", 1), TaskSpec("evaluator", 0), TaskSpec("chief", 0),
+             TaskSpec("worker", 0)]
+
+    def env_of(task):
+        return {**_base_env(), "TF_CONFIG": json.dumps({"cluster": cluster,
+                                                         "task": {"type": task.job, "index": task.index}})}
+
+    procs = _run_job(tmp_path, order, lambda task: [sys.executable, EXAMPLE, *EXAMPLE_ARGS], env_of)
+    logs = {k: open(p.log_path).read() for k, p in procs.items()}
+    for key in ("ps:0", "ps:1"):
+        assert "all 2 workers are done; stopping" in logs[key], logs[key][-2000:]
+    assert "worker 0: final test accuracy" in logs["chief:0"]
+    assert "worker 1: final test accuracy" in logs["worker:0"]
+    # The evaluator evaluated the PS values while the job trained, then saw it end.
+    evaluations = [line for line in logs["evaluator:0"].splitlines() if line.startswith("evaluator: PS version")]
+    assert evaluations, logs["evaluator:0"][-3000:]
+    assert "evaluator: training is over after" in logs["evaluator:0"]
+
+
+def test_task_launches_with_two_ps_end_by_themselves(tmp_path):
+    """``python -m tfdist.launch --config FILE --task ps:0`` etc., one launch per task (one per machine)."""
+    cluster = _cluster({"chief": 1, "worker": 1, "ps": 2})
+    config = tmp_path / "job.yaml"
+    config.write_text(json.dumps({"name": "lifecycle", "cluster": cluster}))
+    order = [TaskSpec("ps", 0), TaskSpec("ps", 1), TaskSpec("chief", 0), TaskSpec("worker", 0)]
+
+    def argv_of(task):
+        script = [] if task.job == "ps" else [EXAMPLE, *EXAMPLE_ARGS]
+        return [sys.executable, "-m", "tfdist.launch", "--config", str(config), "--task", str(task), *script]
+
+    procs = _run_job(tmp_path, order, argv_of, lambda task: _base_env())
+    for key in ("ps:0", "ps:1"):
+        assert "all 2 workers are done; stopping" in open(procs[key].log_path).read()
 
 
 def test_calls_to_several_ps_tasks_go_out_one_by_one_when_no_thread_can_take_them():

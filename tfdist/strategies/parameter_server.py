@@ -26,14 +26,14 @@ import secrets
 import sys
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from tfdist import constants
 from tfdist.config import ClusterConfig, JobConfig, TaskSpec, load_config, parse_task
-from tfdist.errors import ClusterError, ConfigError
+from tfdist.errors import ClusterError, ConfigError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.consistency import ConsistencyPolicy, policy_from_spec
@@ -125,6 +125,8 @@ class _Runtime:
         self.in_warmup = False
         self._warmup_started: float | None = None
         self._left = False
+        #: While a side-car evaluation round runs: evaluate/predict use the round's snapshot, no pull per step.
+        self.hold_values = False
         slowdown = slowdown_from_env(str(task))
         self.slowdown = StepSlowdown(slowdown) if slowdown else None
         if slowdown:
@@ -235,6 +237,8 @@ class _Runtime:
         if training and self._left:
             self.rejoin()
         if not training or self.worker_id < 0:
+            if self.hold_values:
+                return
             if self.path == "update" or self.worker_id < 0:
                 self.push_unsent()  # local steps not yet sent would be lost to the pull
                 self.assign(session.pull(as_reader=self._left))
@@ -385,6 +389,36 @@ class _Runtime:
         self.session.rejoin()
         self._left = False
         logger.info("worker %d takes part in training again", self.worker_id)
+
+    def evaluation_rounds(self, interval_s: float) -> Iterator[int]:
+        """Side-car evaluation: see :meth:`ParameterServerStrategy.evaluation_rounds`."""
+        session = self.ensure_session()
+        num_workers = self.config.starting_workers
+        last = None
+        while True:
+            try:
+                statuses = [meta for _, (meta, _) in
+                            sorted(session.client.call_all("Status", {"brief": True}).items())]
+            except PSUnavailableError as e:
+                logger.info("task %s: the parameter servers have ended (the job is over): %s", self.task, e)
+                return
+            if any(len(st.get("done_workers", ())) >= num_workers for st in statuses):
+                logger.info("task %s: every training worker is done", self.task)
+                return
+            version = tuple(st.get("version", 0) for st in statuses)
+            if version != last:
+                try:
+                    self.assign(session.pull(as_reader=True))
+                except PSUnavailableError as e:
+                    logger.info("task %s: the parameter servers have ended (the job is over): %s", self.task, e)
+                    return
+                last = version
+                self.hold_values = True
+                try:
+                    yield sum(version)
+                finally:
+                    self.hold_values = False
+            time.sleep(interval_s)
 
     def close(self, done: bool = True) -> None:
         """Sends what is unsent, says ``Done`` (training tasks) and closes the connections (idempotent).
@@ -728,6 +762,11 @@ class ParameterServerStrategy(StrategyBase):
         return self._runtime.is_chief
 
     @property
+    def is_evaluator(self) -> bool:
+        """True on an ``evaluator`` task (it may evaluate and predict, not fit); see :meth:`evaluation_rounds`."""
+        return self._runtime.task.job == "evaluator"
+
+    @property
     def num_workers(self) -> int:
         return self._runtime.config.cluster.num_workers
 
@@ -823,6 +862,38 @@ class ParameterServerStrategy(StrategyBase):
         evaluator), and a later ``fit`` takes the worker back into the job.
         """
         self._runtime.leave()
+
+    def evaluation_rounds(self, interval_s: float = 5.0) -> Iterator[int]:
+        """Side-car evaluation: yields while the job trains, each time the parameter servers hold new values.
+
+        Before each round the PS values are loaded into this task's
+        variables, and during the round ``evaluate``/``predict`` use that one
+        snapshot (they do not pull before every batch), so every batch of an
+        evaluation sees the same model. Between rounds it waits
+        ``interval_s`` seconds. The loop ends, without an error, once every
+        training worker is done or the parameter servers have ended (they
+        exit when the job is over): the final model is evaluated by the
+        workers (the chief) after ``fit``.
+
+        Example (the ``evaluator`` task of a ``TF_CONFIG`` job):
+
+        ```python
+        if strategy.is_evaluator:
+            for version in strategy.evaluation_rounds(interval_s=10):
+                loss, acc = model.evaluate(x_val, y_val, verbose=0)
+                print(f"PS version {version}: val accuracy {acc:.4f}")
+        ```
+
+        Args:
+            interval_s: Seconds between two looks at the parameter servers.
+                Defaults to 5.
+
+        Yields:
+            The version of the snapshot (the sum of the PS tasks' update counters).
+        """
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0. Received: interval_s={interval_s!r}.")
+        return self._runtime.evaluation_rounds(interval_s)
 
     def _at_exit(self) -> None:
         in_cluster = self._local_server is None
