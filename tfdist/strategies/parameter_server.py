@@ -37,6 +37,7 @@ from tfdist.errors import ClusterError, ConfigError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.consistency import ConsistencyPolicy, policy_from_spec
+from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist._tf_compat import OneDeviceExtended, StrategyBase
 from tfdist.testing.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
@@ -720,6 +721,8 @@ class ParameterServerStrategy(StrategyBase):
         policy_from_spec(policy_spec, config.starting_workers)  # validates
         self._runtime = _Runtime(config, task, token, variable_filter or default_variable_filter, policy_spec)
         super().__init__(ParameterServerExtended(self, self._runtime))
+        # Keras builds from the dataset's element spec: no throwaway iterator (a SIGSEGV in TF 2.21 at times).
+        build_from_element_spec(self)
         atexit.register(self._at_exit)
         logger.info(
             "%s: task=%s worker_id=%d workers=%d ps=%s consistency=%s placement=%s",
