@@ -29,8 +29,12 @@ destroyed. It happens under TensorFlow's own ``OneDeviceStrategy`` with no
 tfdist code, and never without a strategy (Keras then does not peek).
 :func:`build_from_element_spec` makes Keras build from the element spec of
 *every* dataset under a given strategy; tfdist's strategies call it, so
-their ``fit``/``evaluate`` never open and drop an iterator for the build
-(``scripts/evaluate_segv_repro.py`` counts the crashes with and without it).
+their ``fit``/``evaluate`` never open and drop an iterator for the build.
+``scripts/evaluate_segv_repro.py`` counts the crashes (short processes, 3 at
+a time on 2 busy cores; each evaluates, fits 4 epochs with validation,
+evaluates, predicts): with the peek, ``OneDeviceStrategy`` 10 of 80 processes
+and tfdist's strategy 3 of 40 died with SIGSEGV, every one in
+``EpochIterator.reset``; built from the spec, 0 of 40 and 0 of 80.
 
 :func:`install` is called when the first queue dataset is made.
 """
