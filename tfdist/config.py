@@ -354,7 +354,9 @@ class PSConfig:
         max_message_bytes: Largest message a PS accepts. Defaults to 512 MiB.
         heartbeat_interval_s: How often workers heart-beat. Must be below
             ``heartbeat_timeout_s``. Defaults to 2.
-        heartbeat_timeout_s: A worker silent this long is not live. Defaults to 30.
+        heartbeat_timeout_s: A worker silent this long is not live. Keep it
+            well below ``rpc_timeout_s``: survivors wait this long for a
+            dead worker's part of a barrier. Defaults to 10.
         max_updates_per_s: Caps how many pushes (update path) or gradients
             (gradient path) each PS task applies per second; further ones
             queue. ``None`` (the default) is no cap. Use it to emulate a

@@ -23,7 +23,9 @@ DEFAULT_RPC_TIMEOUT_S = 30.0
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
-DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
+#: A silent worker stops counting as live after this long. Well below the RPC deadline: a barrier
+#: (BSP step, SSP bound) that waits for a dead worker must end before the survivors' calls time out.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
 
 #: Training batches a joining worker runs locally before it joins an elastic job (set by the engine).
 ENV_WARMUP_BATCHES = "TFDIST_WARMUP_BATCHES"

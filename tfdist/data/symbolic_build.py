@@ -18,7 +18,23 @@ then stopped (``steps_per_epoch``), so the look-ahead is removed where it
 happens: for a pipeline built on a ``tfdist.data`` queue dataset, Keras
 builds the model from the dataset's ``element_spec`` (shapes and dtypes are
 all it uses) and never touches the data. Other datasets keep Keras's
-behaviour.
+behaviour, except under tfdist's own strategies (below).
+
+The same peek crashes processes. On TF 2.21 / Keras 3.15 about 6 % of the
+short worker processes of a multi-process job died with SIGSEGV right after
+it, in ``EpochIterator.reset`` during ``evaluate`` (most often the
+validation of ``fit``), when the abandoned iterator — a
+``MultiDeviceIterator`` still prefetching behind the peeked batch — is
+destroyed. It happens under TensorFlow's own ``OneDeviceStrategy`` with no
+tfdist code, and never without a strategy (Keras then does not peek).
+:func:`build_from_element_spec` makes Keras build from the element spec of
+*every* dataset under a given strategy; tfdist's strategies call it, so
+their ``fit``/``evaluate`` never open and drop an iterator for the build.
+``scripts/evaluate_segv_repro.py`` counts the crashes (short processes, 3 at
+a time on 2 busy cores; each evaluates, fits 4 epochs with validation,
+evaluates, predicts): with the peek, ``OneDeviceStrategy`` 10 of 80 processes
+and tfdist's strategy 3 of 40 died with SIGSEGV, every one in
+``EpochIterator.reset``; built from the spec, 0 of 40 and 0 of 80.
 
 :func:`install` is called when the first queue dataset is made.
 """
@@ -32,12 +48,14 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-__all__ = ["install", "is_installed", "mark_queue_dataset", "contains_queue_dataset"]
+__all__ = ["install", "is_installed", "mark_queue_dataset", "contains_queue_dataset", "build_from_element_spec"]
 
 logger = logging.getLogger(__name__)
 
 #: Attribute set on the datasets that ``tfdist.data`` queues return.
 _MARK = "_tfdist_queue_dataset"
+#: Attribute set on the strategies under which Keras builds from the element spec of every dataset.
+_SPEC_BUILD = "_tfdist_build_from_element_spec"
 #: Most datasets of a pipeline looked at when searching for a queue dataset.
 _MAX_PIPELINE_DATASETS = 1024
 
@@ -71,8 +89,42 @@ def contains_queue_dataset(dataset: Any) -> bool:
     return False
 
 
-def _symbolic_batch(epoch_iterator: Any):
-    """KerasTensors for one batch of a queue-fed pipeline, or ``None`` to let Keras peek."""
+def build_from_element_spec(strategy: Any) -> Any:
+    """Makes Keras build models under ``strategy`` from the element spec of every dataset; returns it.
+
+    ``fit``/``evaluate`` then never take a batch from a throwaway iterator
+    (see the module docstring for the crash this avoids). Datasets whose
+    element spec has a component of unknown rank or a non-dense tensor
+    keep Keras's behaviour.
+    """
+    setattr(strategy, _SPEC_BUILD, True)
+    install()
+    return strategy
+
+
+def _dense_symbolic(element_spec):
+    """KerasTensors for a batch of ``element_spec``, or ``None`` if a component is not a dense tensor of known rank."""
+    specs = tf.nest.flatten(element_spec)
+    if not all(isinstance(s, tf.TensorSpec) and s.shape.rank is not None for s in specs):
+        return None
+    return tf.nest.map_structure(lambda s: keras.KerasTensor(tuple(s.shape.as_list()), dtype=s.dtype.name),
+                                 element_spec)
+
+
+def _symbolic_batch(epoch_iterator: Any, every_dataset: bool = False):
+    """KerasTensors for one batch of the pipeline, or ``None`` to let Keras peek.
+
+    Queue-fed pipelines always; with ``every_dataset``, any pipeline.
+    """
+    if every_dataset:
+        # The strategy's distributed dataset, which Keras's TF epoch iterator already made (building the
+        # adapter's dataset again would copy in-memory arrays into a second pipeline).
+        distributed = getattr(epoch_iterator, "_distributed_dataset", None)
+        spec = getattr(distributed, "element_spec", None)
+        if spec is not None:
+            batch = _dense_symbolic(spec)
+            if batch is not None:
+                return batch
     adapter = getattr(epoch_iterator, "data_adapter", None)
     get_dataset = getattr(adapter, "get_tf_dataset", None)
     if get_dataset is None:
@@ -80,8 +132,8 @@ def _symbolic_batch(epoch_iterator: Any):
     dataset = get_dataset()
     if not isinstance(dataset, tf.data.Dataset) or not contains_queue_dataset(dataset):
         return None
-    specs = tf.nest.flatten(dataset.element_spec)
-    if not all(isinstance(s, tf.TensorSpec) and s.shape.rank is not None for s in specs):
+    batch = _dense_symbolic(dataset.element_spec)
+    if batch is None:
         logger.warning(
             "Keras will take one batch from a tfdist.data queue dataset to build the model "
             "(its element_spec has a component of unknown rank or a non-dense tensor: %s); "
@@ -89,18 +141,15 @@ def _symbolic_batch(epoch_iterator: Any):
             "before fit (model.build or call it on a batch) to avoid it.",
             dataset.element_spec,
         )
-        return None
-    return tf.nest.map_structure(
-        lambda s: keras.KerasTensor(tuple(s.shape.as_list()), dtype=s.dtype.name),
-        dataset.element_spec,
-    )
+    return batch
 
 
 def _patched(original):
     @functools.wraps(original)
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        if iterator is not None and data_batch is None and getattr(self, "_distribute_strategy", None) is not None:
-            batch = _symbolic_batch(iterator)
+        strategy = getattr(self, "_distribute_strategy", None)
+        if iterator is not None and data_batch is None and strategy is not None:
+            batch = _symbolic_batch(iterator, every_dataset=getattr(strategy, _SPEC_BUILD, False))
             if batch is not None:
                 return original(self, data_batch=batch)
         return original(self, iterator=iterator, data_batch=data_batch)

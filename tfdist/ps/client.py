@@ -123,20 +123,35 @@ class PSClient:
         """One call to one PS task."""
         return self.call_many(method, {ps: (meta, tensors or {})}, timeout)[ps]
 
-    def call_many(self, method: str, requests: Mapping[int, Request], timeout: float | None = None) -> dict[int, Response]:
-        """The same method on several PS tasks at once; waits for all."""
+    def call_many(self, method: str, requests: Mapping[int, Request], timeout: float | None = None,
+                  parallel: bool = True) -> dict[int, Response]:
+        """The same method on several PS tasks; waits for all.
+
+        Args:
+            parallel: Call the tasks at once (the first in this thread, the
+                others on the client's threads). ``False`` calls them one
+                after the other in this thread, which is what works at
+                interpreter exit: Python stops ``concurrent.futures`` before
+                ``atexit`` hooks run, and a call that finds the pool refusing
+                work falls back to this. Defaults to ``True``.
+        """
         timeout = self.rpc_timeout_s if timeout is None else timeout
         items = list(requests.items())
         if not items:
             return {}
         outcomes: dict[int, Response | Exception] = {}
         pending = []
-        if len(items) > 1:
-            pool = self._executor()
-            pending = [(ps, pool.submit(self._call_one, ps, method, meta, tensors, timeout))
-                       for ps, (meta, tensors) in items[1:]]
-        ps, (meta, tensors) = items[0]
-        outcomes[ps] = self._call_one(ps, method, meta, tensors, timeout)
+        inline = items
+        if len(items) > 1 and parallel:
+            try:
+                pool = self._executor()
+                for ps, (meta, tensors) in items[1:]:
+                    pending.append((ps, pool.submit(self._call_one, ps, method, meta, tensors, timeout)))
+            except RuntimeError as e:  # "cannot schedule new futures after interpreter shutdown"
+                logger.debug("%s: no call threads (%s); calling the other PS tasks one by one", method, e)
+            inline = [items[0], *items[1 + len(pending):]]
+        for ps, (meta, tensors) in inline:
+            outcomes[ps] = self._call_one(ps, method, meta, tensors, timeout)
         for ps, fut in pending:
             outcomes[ps] = fut.result()
         results, first_error = {}, None
@@ -166,9 +181,10 @@ class PSClient:
                                                 thread_name_prefix="tfdist-ps-call")
             return self._pool
 
-    def call_all(self, method: str, meta: Mapping[str, Any], timeout: float | None = None) -> dict[int, Response]:
-        """The same tensor-less request to every PS task."""
-        return self.call_many(method, {i: (meta, {}) for i in range(self.num_ps)}, timeout)
+    def call_all(self, method: str, meta: Mapping[str, Any], timeout: float | None = None,
+                 parallel: bool = True) -> dict[int, Response]:
+        """The same tensor-less request to every PS task (``parallel``: see :meth:`call_many`)."""
+        return self.call_many(method, {i: (meta, {}) for i in range(self.num_ps)}, timeout, parallel=parallel)
 
     def _translate(self, e: grpc.RpcError, ps: int, method: str, timeout: float) -> Exception:
         code, details = e.code(), e.details()

@@ -116,12 +116,11 @@ class WorkerSession:
         self._by_key = {s.key: s for s in self.specs}
         self.stats = {"syncs": 0, "pulls": 0, "bytes_pushed": 0, "bytes_pulled": 0, "sync_seconds": 0.0,
                       "unchanged_replies": 0}
+        self._hb_interval = heartbeat_interval_s
         self._hb_stop = threading.Event()
         self._hb_thread = None
         if heartbeat_interval_s:
-            self._hb_thread = threading.Thread(
-                target=self._heartbeat_loop, args=(heartbeat_interval_s,), name="tfdist-heartbeat", daemon=True
-            )
+            self._hb_thread = self._heartbeat_thread()
 
     # --------------------------------------------------------------- split
     def _split(self, values: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
@@ -208,7 +207,8 @@ class WorkerSession:
         self._start_heartbeat()
         return values
 
-    def pull(self, clock: int | None = None, min_state_step: int | None = None) -> dict[str, np.ndarray]:
+    def pull(self, clock: int | None = None, min_state_step: int | None = None, as_reader: bool = False
+             ) -> dict[str, np.ndarray]:
         """Fresh values of every variable; resets the snapshot to them.
 
         Args:
@@ -216,11 +216,18 @@ class WorkerSession:
                 PS wait until the read is allowed). Defaults to the current.
             min_state_step: Gradient path: wait for a state snapshot at least
                 this recent.
+            as_reader: Read as an evaluator does (no worker id, clock 0): the
+                read neither waits for other workers nor counts as a sign of
+                life, so a worker that left the barriers can still evaluate.
+                Defaults to ``False``.
         """
         start = time.perf_counter()
-        clock = self.clock if clock is None else clock
+        if as_reader:
+            worker, clock = -1, 0
+        else:
+            worker, clock = self.worker_id, self.clock if clock is None else clock
         replies = self.client.request_many(
-            {ps: PullRequest(self.worker_id, clock, tuple(self.plan.keys_on(ps)), min_state_step)
+            {ps: PullRequest(worker, clock, tuple(self.plan.keys_on(ps)), min_state_step)
              for ps in range(self.plan.num_ps)}
         )
         values = self._absorb(replies)
@@ -332,8 +339,12 @@ class WorkerSession:
         if self._hb_thread is not None and not self._hb_thread.is_alive() and not self._hb_stop.is_set():
             self._hb_thread.start()
 
-    def _heartbeat_loop(self, interval: float) -> None:
-        while not self._hb_stop.wait(interval):
+    def _heartbeat_thread(self) -> threading.Thread:
+        return threading.Thread(target=self._heartbeat_loop, args=(self._hb_interval, self._hb_stop),
+                                name="tfdist-heartbeat", daemon=True)
+
+    def _heartbeat_loop(self, interval: float, stop: threading.Event) -> None:
+        while not stop.wait(interval):
             try:
                 self.client.call_all("Heartbeat", {"worker": self.worker_id}, timeout=interval * 2)
             except Exception as e:  # a missed beat is not fatal; the next call reports a dead PS
@@ -342,14 +353,34 @@ class WorkerSession:
     def stop_heartbeat(self) -> None:
         self._hb_stop.set()
 
+    def rejoin(self) -> None:
+        """Takes part again after :meth:`stop_heartbeat` (a worker that left trains again).
+
+        Every PS task forgets that this worker said ``Done`` (if it did) and
+        the heart-beat resumes; the PS counts the worker as live from its
+        next call on (as a joiner if it had dropped it meanwhile).
+        """
+        self.client.call_all("WaitInit", {"timeout_s": 0.0, "worker": self.worker_id})
+        if self._hb_interval and self._hb_stop.is_set():
+            self._hb_stop = threading.Event()
+            self._hb_thread = self._heartbeat_thread()
+            self._hb_thread.start()
+
     def close(self, done: bool = True) -> None:
-        """Stops heart-beating and tells the PS tasks this worker is done."""
+        """Stops heart-beating and tells the PS tasks this worker is done.
+
+        ``Done`` goes to the PS tasks one after the other from the calling
+        thread: ``close`` often runs at interpreter exit, when no new thread
+        can be started. A PS task waits for every worker's ``Done`` before it
+        exits, so a failure is logged as a warning.
+        """
         self._hb_stop.set()
         if done:
             try:
-                self.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0)
+                self.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0, parallel=False)
             except Exception as e:
-                logger.debug("could not send Done: %s", e)
+                logger.warning("worker %d could not tell the parameter servers it is done (they exit once every "
+                               "worker is): %s", self.worker_id, e)
         self.client.close()
 
 
@@ -516,9 +547,10 @@ class UpdateSession(WorkerSession):
             version=[replies[i][0]["version"] for i in range(self.plan.num_ps)], replies=replies,
         )
 
-    def pull(self, clock: int | None = None, min_state_step: int | None = None) -> dict[str, np.ndarray]:
+    def pull(self, clock: int | None = None, min_state_step: int | None = None, as_reader: bool = False
+             ) -> dict[str, np.ndarray]:
         self.flush()  # the update in flight first; the pulled values replace the local ones anyway
-        return super().pull(clock=clock, min_state_step=min_state_step)
+        return super().pull(clock=clock, min_state_step=min_state_step, as_reader=as_reader)
 
     def close(self, done: bool = True) -> None:
         try:

@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
+from tfdist import constants
 from tfdist.consistency import policy_from_spec
 from tfdist.consistency.base import ConsistencyPolicy, GradientAction, PolicyContext, PushAction
 from tfdist.ps.placement import VariableSpec
@@ -127,7 +128,7 @@ class ParameterStore:
     def __init__(
         self,
         policy: ConsistencyPolicy | None = None,
-        heartbeat_timeout_s: float = 30.0,
+        heartbeat_timeout_s: float = constants.DEFAULT_HEARTBEAT_TIMEOUT_S,
         startup_grace_s: float = 120.0,
         time_fn: Callable[[], float] = time.monotonic,
         max_updates_per_s: float | None = None,

@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from tfdist._tf_compat import OneDeviceExtended, StrategyBase
 from tfdist.collective import DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup, get_worker_group
+from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.straggler.membership import Participation, ParticipationEngine
 from tfdist.testing.slowdown import ENV_SLOWDOWN, Slowdown, slowdown_from_env
 
@@ -325,6 +326,7 @@ class AllReduceStrategy(StrategyBase):
         self._runtime = _AllReduceRuntime(group, bool(exclude_stragglers), slowdown,
                                           timeout_s if timeout_s is not None else group.timeout_s or DEFAULT_TIMEOUT_S)
         super().__init__(AllReduceExtended(self, self._runtime))
+        build_from_element_spec(self)  # no throwaway iterator in Keras's build (a SIGSEGV in TF 2.21 at times)
         logger.info("AllReduceStrategy: worker %d of %d, exclude_stragglers=%s, timeout_s=%g, slowdown=%s",
                     group.worker_id, group.size, exclude_stragglers, self._runtime.timeout_s, slowdown)
 

@@ -26,17 +26,18 @@ import secrets
 import sys
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from tfdist import constants
 from tfdist.config import ClusterConfig, JobConfig, TaskSpec, load_config, parse_task
-from tfdist.errors import ClusterError, ConfigError
+from tfdist.errors import ClusterError, ConfigError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.consistency import ConsistencyPolicy, policy_from_spec
+from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist._tf_compat import OneDeviceExtended, StrategyBase
 from tfdist.testing.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
@@ -121,6 +122,8 @@ class _Runtime:
         self.in_warmup = False
         self._warmup_started: float | None = None
         self._left = False
+        #: While a side-car evaluation round runs: evaluate/predict use the round's snapshot, no pull per step.
+        self.hold_values = False
         slowdown = slowdown_from_env(str(task))
         self.slowdown = StepSlowdown(slowdown) if slowdown else None
         if slowdown:
@@ -241,10 +244,14 @@ class _Runtime:
                         self.worker_id, time.perf_counter() - self._warmup_started, len(self.config.cluster.ps))
             self._warmup_started = None
         session = self.ensure_session()
+        if training and self._left:
+            self.rejoin()
         if not training or self.worker_id < 0:
+            if self.hold_values:
+                return
             if self.path == "update" or self.worker_id < 0:
                 self.push_unsent()  # local steps not yet sent would be lost to the pull
-                self.assign(session.pull())
+                self.assign(session.pull(as_reader=self._left))
                 return
         self.step_wait_s = 0.0
         with self._blocked():
@@ -345,7 +352,22 @@ class _Runtime:
         return None
 
     def leave(self) -> None:
-        """Leaves the job now (graceful): the PS stops counting this worker; pulls still work."""
+        """Stops taking part in training (graceful): barriers stop waiting for this worker; reads still work.
+
+        The last local steps and any update in flight are sent first. Then
+        the worker stops heart-beating and reads like an evaluator (no worker
+        id), so no PS task counts it as live any more:
+
+        * elastic jobs (``elastic.enabled``): the worker also says ``Done``,
+          and barriers stop waiting for it at once; the PS tasks keep serving
+          (the launcher or engine stops them);
+        * other jobs: a PS task exits once every worker said ``Done``, so a
+          worker that may still evaluate does not say it here (it does when
+          its process ends, or on :meth:`close`). Barriers stop waiting for
+          it when its silence reaches ``ps.heartbeat_timeout_s``.
+
+        A later training step takes the worker back into the job (:meth:`rejoin`).
+        """
         if self._left or self.session is None or self.worker_id < 0:
             return
         unsent = self._unsent_steps
@@ -358,13 +380,60 @@ class _Runtime:
             flush = getattr(self.session, "flush", None)
             if flush is not None:
                 flush()  # an overlapped update in flight lands before this worker stops counting
-            self.session.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0)
+            if self.config.elastic.enabled:
+                self.session.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0)
         except Exception as e:  # leaving is best effort: heart-beat silence has the same effect
             logger.warning("worker %d: could not tell the PS it leaves: %s", self.worker_id, e)
         self.session.stop_heartbeat()
-        logger.info("worker %d left the job", self.worker_id)
+        if self.config.elastic.enabled:
+            logger.info("worker %d left the job", self.worker_id)
+        else:
+            logger.info("worker %d left training; the others stop waiting for it within %g s "
+                        "(ps.heartbeat_timeout_s)", self.worker_id, self.config.ps.heartbeat_timeout_s)
+
+    def rejoin(self) -> None:
+        """Takes part in training again after :meth:`leave` (a later ``fit``)."""
+        if not self._left or self.session is None:
+            return
+        self.session.rejoin()
+        self._left = False
+        logger.info("worker %d takes part in training again", self.worker_id)
+
+    def evaluation_rounds(self, interval_s: float) -> Iterator[int]:
+        """Side-car evaluation: see :meth:`ParameterServerStrategy.evaluation_rounds`."""
+        session = self.ensure_session()
+        num_workers = self.config.starting_workers
+        last = None
+        while True:
+            try:
+                statuses = [meta for _, (meta, _) in
+                            sorted(session.client.call_all("Status", {"brief": True}).items())]
+            except PSUnavailableError as e:
+                logger.info("task %s: the parameter servers have ended (the job is over): %s", self.task, e)
+                return
+            if any(len(st.get("done_workers", ())) >= num_workers for st in statuses):
+                logger.info("task %s: every training worker is done", self.task)
+                return
+            version = tuple(st.get("version", 0) for st in statuses)
+            if version != last:
+                try:
+                    self.assign(session.pull(as_reader=True))
+                except PSUnavailableError as e:
+                    logger.info("task %s: the parameter servers have ended (the job is over): %s", self.task, e)
+                    return
+                last = version
+                self.hold_values = True
+                try:
+                    yield sum(version)
+                finally:
+                    self.hold_values = False
+            time.sleep(interval_s)
 
     def close(self, done: bool = True) -> None:
+        """Sends what is unsent, says ``Done`` (training tasks) and closes the connections (idempotent).
+
+        Safe at interpreter exit: no call here needs a new thread.
+        """
         if self._closed:
             return
         self._closed = True
@@ -640,6 +709,8 @@ class ParameterServerStrategy(StrategyBase):
         policy_from_spec(policy_spec, config.starting_workers)  # validates
         self._runtime = _Runtime(config, task, token, variable_filter or default_variable_filter, policy_spec)
         super().__init__(ParameterServerExtended(self, self._runtime))
+        # Keras builds from the dataset's element spec: no throwaway iterator (a SIGSEGV in TF 2.21 at times).
+        build_from_element_spec(self)
         atexit.register(self._at_exit)
         logger.info(
             "%s: task=%s worker_id=%d workers=%d ps=%s consistency=%s placement=%s",
@@ -680,6 +751,11 @@ class ParameterServerStrategy(StrategyBase):
     def is_chief(self) -> bool:
         """True on the task that initialises the PS and should save models."""
         return self._runtime.is_chief
+
+    @property
+    def is_evaluator(self) -> bool:
+        """True on an ``evaluator`` task (it may evaluate and predict, not fit); see :meth:`evaluation_rounds`."""
+        return self._runtime.task.job == "evaluator"
 
     @property
     def num_workers(self) -> int:
@@ -766,11 +842,49 @@ class ParameterServerStrategy(StrategyBase):
         return self._runtime.stop_reason()
 
     def leave(self) -> None:
-        """Leaves the job gracefully: the PS stops waiting for this worker.
+        """Stops taking part in training: barriers (BSP, SyncReplicas, SSP) stop waiting for this worker.
 
-        Evaluate and predict still work afterwards (they only pull).
+        Call it when this worker's ``fit`` is over for good while its process
+        goes on (or add :class:`tfdist.callbacks.LeaveOnTrainEnd` to ``fit``).
+        In an elastic job the parameter servers stop waiting at once;
+        otherwise within ``ps.heartbeat_timeout_s`` (the worker says ``Done``
+        only when its process ends, because a PS task exits once every worker
+        has). Evaluate and predict still work afterwards (they read like an
+        evaluator), and a later ``fit`` takes the worker back into the job.
         """
         self._runtime.leave()
+
+    def evaluation_rounds(self, interval_s: float = 5.0) -> Iterator[int]:
+        """Side-car evaluation: yields while the job trains, each time the parameter servers hold new values.
+
+        Before each round the PS values are loaded into this task's
+        variables, and during the round ``evaluate``/``predict`` use that one
+        snapshot (they do not pull before every batch), so every batch of an
+        evaluation sees the same model. Between rounds it waits
+        ``interval_s`` seconds. The loop ends, without an error, once every
+        training worker is done or the parameter servers have ended (they
+        exit when the job is over): the final model is evaluated by the
+        workers (the chief) after ``fit``.
+
+        Example (the ``evaluator`` task of a ``TF_CONFIG`` job):
+
+        ```python
+        if strategy.is_evaluator:
+            for version in strategy.evaluation_rounds(interval_s=10):
+                loss, acc = model.evaluate(x_val, y_val, verbose=0)
+                print(f"PS version {version}: val accuracy {acc:.4f}")
+        ```
+
+        Args:
+            interval_s: Seconds between two looks at the parameter servers.
+                Defaults to 5.
+
+        Yields:
+            The version of the snapshot (the sum of the PS tasks' update counters).
+        """
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0. Received: interval_s={interval_s!r}.")
+        return self._runtime.evaluation_rounds(interval_s)
 
     def _at_exit(self) -> None:
         in_cluster = self._local_server is None
@@ -781,7 +895,10 @@ class ParameterServerStrategy(StrategyBase):
     def shutdown(self) -> None:
         """Tells the PS this worker is done and closes connections (idempotent).
 
-        Called automatically at interpreter exit.
+        Called automatically at interpreter exit (the ``Done`` message needs
+        no thread pool, so it goes out then too). A parameter-server task
+        exits once every training worker is done; an evaluator's shutdown
+        sends nothing.
         """
         # An in-process PS needs no "done" message (and may already be gone).
         self._runtime.close(done=self._local_server is None)

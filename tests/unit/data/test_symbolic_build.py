@@ -50,3 +50,35 @@ def test_queue_datasets_are_found_through_the_pipeline_and_others_are_not():
     assert symbolic_build.contains_queue_dataset(tf.data.Dataset.zip((other, ds)))
     assert not symbolic_build.contains_queue_dataset(other.map(lambda v: v + 1))
     assert symbolic_build.is_installed() and symbolic_build.install()  # idempotent
+
+
+def _counting_dataset(opened):
+    """A dataset that records every iterator opened on it (its generator runs once per iterator)."""
+
+    def gen():
+        opened.append(1)
+        for i in range(8):
+            yield np.ones(3, np.float32), np.int64(i % 4)
+
+    spec = (tf.TensorSpec([3], tf.float32), tf.TensorSpec([], tf.int64))
+    return tf.data.Dataset.from_generator(gen, output_signature=spec).batch(4)
+
+
+@pytest.mark.parametrize("spec_build", [False, True])
+@pytest.mark.parametrize("method", ["fit", "evaluate"])
+def test_a_strategy_built_from_the_element_spec_opens_no_iterator_for_the_build(method, spec_build):
+    import keras
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    if spec_build:
+        assert symbolic_build.build_from_element_spec(strategy) is strategy
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    opened = []
+    getattr(model, method)(_counting_dataset(opened), verbose=0)
+    # Keras 3.15 opens a throwaway iterator for one batch under any strategy (the SIGSEGV site in TF 2.21);
+    # built from the element spec, only the iterator that is trained/evaluated is opened.
+    assert len(opened) == (1 if spec_build else 2)
+    assert model.built
