@@ -1,13 +1,17 @@
-"""Kubernetes manifests (tfdist.cluster.k8s): structure, TF_CONFIG per pod, secrets, volumes."""
+"""Kubernetes manifests (tfdist.cluster.k8s, ``tfdist.launch --emit``): structure, TF_CONFIG per pod, secrets, volumes."""
 
 import json
 import os
+import stat
+import subprocess
+import sys
 
 import pytest
 import yaml
 
 from tfdist import constants
 from tfdist.cluster import k8s
+from tfdist.cluster.launch import main
 from tfdist.config import JobConfig, TaskSpec, load_config
 from tfdist.errors import ConfigError
 
@@ -340,3 +344,100 @@ def test_dump_yaml_round_trips_and_leads_with_comments():
     assert text.startswith("# first\n# second\n---\n")
     assert list(yaml.safe_load_all(text)) == docs
     assert list(yaml.safe_load_all(k8s.dump_yaml(docs[0]))) == [docs[0]]
+
+
+# ------------------------------------------------------------------ the CLI
+def _emit(capsys, *args):
+    code = main(["--config", MULTI_MACHINE, *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_emit_kubeflow_prints_parseable_yaml():
+    """The command as a user types it, in a fresh interpreter: YAML on stdout, exit 0, no TensorFlow imported."""
+    code = ("import sys; from tfdist.cluster.launch import main; rc = main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules, 'the launcher imported TensorFlow'; sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, "--config", "configs/multi_machine.yaml", "--emit", "kubeflow",
+                        "--image", "x"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr
+    [tfjob] = list(yaml.safe_load_all(r.stdout))
+    assert tfjob["kind"] == "TFJob" and tfjob["metadata"]["name"] == "multi-machine"
+    assert set(tfjob["spec"]["tfReplicaSpecs"]) == {"Chief", "Worker", "PS"}
+    assert "kubectl create secret generic multi-machine-token" in r.stdout  # a comment: how to make the Secret
+    r = subprocess.run([sys.executable, "-m", "tfdist.launch", "--config", "configs/multi_machine.yaml", "--emit",
+                        "kubeflow", "--image", "x"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr
+    assert list(yaml.safe_load_all(r.stdout)) == [tfjob]
+
+
+def test_cli_emit_k8s_with_counts_script_and_arguments(capsys, tmp_path):
+    config = tmp_path / "counts.yaml"
+    config.write_text("name: digits\ncluster: {worker: 2, ps: 1}\n")
+    code = main(["--config", str(config), "--emit", "k8s", "--image", IMAGE, "--namespace", "training",
+                 "examples/train_digits.py", "--epochs", "3"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    docs = list(yaml.safe_load_all(out))
+    assert [d["metadata"]["name"] for d in docs] == ["digits", "digits-ps-0", "digits-worker-0", "digits-worker-1"]
+    assert {d["metadata"]["namespace"] for d in docs} == {"training"}
+    assert _containers(docs)[TaskSpec("worker", 1)][1]["command"] == [
+        "python", "examples/train_digits.py", "--epochs", "3"]
+
+
+def test_cli_emit_is_not_held_to_the_local_task_limit(capsys, monkeypatch, tmp_path):
+    """Counts mean "this many pods" to --emit, not "this many processes on this machine"."""
+    import tfdist.cluster.local
+
+    monkeypatch.setattr(tfdist.cluster.local, "local_task_limit", lambda *a, **k: 2)
+    config = tmp_path / "counts.yaml"
+    config.write_text("name: wide\ncluster: {chief: 1, worker: 8, ps: 3}\n")
+    code = main(["--config", str(config), "--emit", "kubeflow", "--image", IMAGE, "train.py"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    [tfjob] = list(yaml.safe_load_all(out))
+    assert {r: s["replicas"] for r, s in tfjob["spec"]["tfReplicaSpecs"].items()} == {"Chief": 1, "Worker": 8, "PS": 3}
+    script = os.path.join(ROOT, "examples", "train_digits.py")
+    assert main(["--config", str(config), script]) == 2  # a local launch of the same config is refused
+    assert "at most 2" in capsys.readouterr().err
+
+
+def test_cli_emit_secret_to_a_private_file(capsys, caplog, tmp_path):
+    out_file = tmp_path / "job.yaml"
+    with caplog.at_level("INFO", logger="tfdist.launch"):
+        code, out, _ = _emit(capsys, "--emit", "k8s", "--image", IMAGE, "--emit-secret", "--output", str(out_file),
+                             "--checkpoint-claim", "nfs-claim", "--timeout", "600", "train.py")
+    assert code == 0 and out == ""
+    assert f"wrote 6 manifest(s) for job 'multi-machine' to {out_file}" in caplog.text
+    assert stat.S_IMODE(os.stat(out_file).st_mode) == 0o600  # it holds the token
+    docs = list(yaml.safe_load_all(out_file.read_text()))
+    assert docs[0]["kind"] == "Secret" and len(docs[0]["stringData"]["token"]) == 64
+    assert "kubectl create secret" not in out_file.read_text()
+    jobs = [d for d in docs if d["kind"] == "Job"]
+    assert {d["spec"]["activeDeadlineSeconds"] for d in jobs} == {600}
+    ps = _containers(docs)[TaskSpec("ps", 0)][0]
+    assert ps["volumes"][0]["persistentVolumeClaim"] == {"claimName": "nfs-claim"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--emit", "kubeflow"], "--emit needs the container image the pods run. Received: --emit kubeflow without --image"),
+    (["--image", "x"], "--image is an option of --emit"),
+    (["--emit", "k8s", "--image", "x", "--task", "ps:0"], "Received: --emit k8s --task ps:0. Leave --task out."),
+    (["--emit", "k8s", "--image", "x", "--checkpoint-claim", "c", "--no-checkpoint-volume"], "contradict"),
+    (["--emit", "k8s", "--image", "x", "--namespace", "NS"], "Received: namespace='NS'"),
+])
+def test_cli_emit_mistakes_exit_2_with_a_message(capsys, args, message):
+    code, out, err = _emit(capsys, *args)
+    assert code == 2 and out == ""
+    assert message in err
+
+
+def test_cli_a_bad_job_name_exits_2(capsys, tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("name: My_Job\ncluster: {worker: 1, ps: 1}\n")
+    code = main(["--config", str(config), "--emit", "kubeflow", "--image", "x"])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert "Invalid config field `name` for Kubernetes. Received: name='My_Job'" in err
+    assert "Use e.g. name: my-job." in err
