@@ -1,4 +1,4 @@
-"""Kubernetes manifests (tfdist.cluster.k8s, ``tfdist.launch --emit``): structure, TF_CONFIG per pod, secrets, volumes."""
+"""Kubernetes manifests (tfdist.cluster.k8s, ``tfdist.launch --emit``): structure, TF_CONFIG per pod, secret, volume."""
 
 import json
 import os
@@ -264,7 +264,8 @@ def test_the_checkpoint_claim_is_mounted_on_ps_pods_and_the_chief():
     pods = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "t.py"))
     for task, (pod, container) in pods.items():
         if task.job in ("ps", "chief"):
-            assert pod["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "full-checkpoints"}}]
+            claim = {"claimName": "full-checkpoints"}
+            assert pod["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": claim}]
             assert container["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/checkpoints"}]
         else:
             assert "volumes" not in pod and "volumeMounts" not in container
@@ -421,7 +422,7 @@ def test_cli_emit_secret_to_a_private_file(capsys, caplog, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--emit", "kubeflow"], "--emit needs the container image the pods run. Received: --emit kubeflow without --image"),
+    (["--emit", "kubeflow"], "--emit needs the container image the pods run. Received: --emit kubeflow without"),
     (["--image", "x"], "--image is an option of --emit"),
     (["--emit", "k8s", "--image", "x", "--task", "ps:0"], "Received: --emit k8s --task ps:0. Leave --task out."),
     (["--emit", "k8s", "--image", "x", "--checkpoint-claim", "c", "--no-checkpoint-volume"], "contradict"),

@@ -559,14 +559,14 @@ def prerequisites(config: JobConfig, namespace: str = "default", *, checkpoint_c
             Defaults to ``False`` (say how to create it).
     """
     ns = f" -n {namespace}"
-    lines = [f"tfdist job {config.name!r}: apply with  kubectl apply{ns} -f FILE ; remove with  "
-             f"kubectl delete{ns} -f FILE"]
+    lines = [f"tfdist job {config.name!r}. Apply: kubectl apply{ns} -f FILE. Remove: kubectl delete{ns} -f FILE."]
     if not token_secret_included:
-        lines.append(f"Create the job token first:  kubectl create secret generic {token_secret_name(config)}{ns} "
+        lines.append(f"Create the job token first: kubectl create secret generic {token_secret_name(config)}{ns} "
                      f'--from-literal={TOKEN_SECRET_KEY}="$(openssl rand -hex 32)"')
     if config.security.tls:
         files = " ".join(f"--from-file={key}={getattr(config.security, name)}" for name, key in TLS_SECRET_KEYS.items())
-        lines.append(f"TLS files:  kubectl create secret generic {tls_secret_name(config)}{ns} {files}")
+        lines.append(f"Create the TLS Secret first: kubectl create secret generic {tls_secret_name(config)}{ns} "
+                     + files)
     if checkpoint_volume:
         claim = checkpoint_claim or checkpoint_claim_name(config)
         lines.append(f"The PersistentVolumeClaim {claim!r} must exist (ReadWriteMany when the PS pods and the "
