@@ -493,6 +493,17 @@ class SecurityConfig:
                         "need `security.tls_ca` (the CA that signed that certificate, or the certificate itself "
                         "when it is self-signed) to verify it. Give it, or remove tls_cert and tls_key.")
 
+    def tls_fields(self, job: str | None = None) -> tuple[str, ...]:
+        """The TLS fields (``"tls_cert"``, ``"tls_key"``, ``"tls_ca"``) set here that a task of ``job`` reads.
+
+        Args:
+            job: The kind of task: ``"ps"`` reads ``tls_cert`` and ``tls_key``;
+                ``"chief"``, ``"worker"``, ``"evaluator"`` read ``tls_ca``;
+                ``"input"`` reads none. Defaults to ``None``: every file (a
+                local launch runs every task on one machine).
+        """
+        return tuple(name for name in _TLS_FILES_BY_JOB.get(job, _TLS_FILES_BY_JOB[None]) if getattr(self, name))
+
     def check_tls_files(self, job: str | None = None) -> None:
         """Checks that the TLS files a task reads exist, can be read and are PEM.
 
@@ -505,10 +516,8 @@ class SecurityConfig:
         Raises:
             ConfigError: naming the field and the file, and saying what is wrong.
         """
-        for name in _TLS_FILES_BY_JOB.get(job, _TLS_FILES_BY_JOB[None]):
+        for name in self.tls_fields(job):
             path = getattr(self, name)
-            if not path:
-                continue
             what, pattern = _PEM_BLOCKS[name]
             role = {"tls_cert": "the PS's TLS certificate", "tls_key": "the PS's TLS private key",
                     "tls_ca": "the TLS root certificate workers verify the PS with"}[name]

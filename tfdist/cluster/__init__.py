@@ -1,8 +1,10 @@
-"""Cluster roles, TF_CONFIG, local processes and the launcher."""
+"""Cluster roles, TF_CONFIG, local processes, the launcher and Kubernetes manifests."""
 
 from tfdist.cluster.failure import FailureAction, FailureDecision, decide_worker_failure
+from tfdist.cluster.k8s import dump_yaml, kubeflow_tfjob, kubernetes_jobs, token_secret
 from tfdist.cluster.local import LocalJob, assign_ports, free_port, free_ports, task_environment
 from tfdist.cluster.process import TaskProcess
 
 __all__ = ["LocalJob", "TaskProcess", "assign_ports", "free_port", "free_ports", "task_environment",
-           "FailureAction", "FailureDecision", "decide_worker_failure"]
+           "FailureAction", "FailureDecision", "decide_worker_failure",
+           "kubeflow_tfjob", "kubernetes_jobs", "token_secret", "dump_yaml"]

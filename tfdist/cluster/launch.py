@@ -10,11 +10,17 @@ machine runs the same command with its own ``--task`` and the same
 
     TFDIST_TOKEN=... python -m tfdist.launch --config configs/multi_machine.yaml --task worker:1 train.py
 
+Kubernetes manifests instead of a launch (a Kubeflow TFJob, or plain Jobs and
+a headless Service; see :mod:`tfdist.cluster.k8s` and docs/kubernetes.md)::
+
+    python -m tfdist.launch --config configs/multi_machine.yaml --emit kubeflow --image IMAGE train.py > job.yaml
+
 Exit codes: 0 when the chief (worker 0) and every worker the job did not go
 on without exited 0; 1 when a task failed that the job cannot do without (see
 ``launch.on_worker_failure``; the others are stopped and the failed task is
 named) or the job ran past ``--timeout`` / ``launch.job_timeout_s``; 2 for a
-bad config or command line, before any task starts; 130 on Ctrl-C.
+bad config or command line, before any task starts (``--emit``: 0 when the
+manifests are written, 2 for a bad config or option); 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import signal
 import sys
 
 from tfdist import constants
+from tfdist.cluster import k8s
 from tfdist.cluster.local import LocalJob, task_argv, task_environment
 from tfdist.config import MAX_SECONDS, load_config, parse_task
 from tfdist.errors import ConfigError, LaunchError, TfdistError
@@ -47,7 +54,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", help="directory for per-task logs (default runs/<name>-<time>)")
     p.add_argument("--timeout", type=float,
                    help="stop every task and exit 1 if the local job runs longer than this many seconds "
-                        "(overrides launch.job_timeout_s)")
+                        "(overrides launch.job_timeout_s; with --emit: activeDeadlineSeconds)")
+    emit = p.add_argument_group("Kubernetes manifests (written instead of launching anything)")
+    emit.add_argument("--emit", choices=("kubeflow", "k8s"),
+                      help="write a Kubeflow TFJob (kubeflow) or plain Jobs + a headless Service (k8s) for the config; "
+                           "SCRIPT is its path inside the image (without one, training pods run the image's "
+                           "entrypoint)")
+    emit.add_argument("--image", help="container image with Python, tfdist and the script (required with --emit)")
+    emit.add_argument("--namespace", help="namespace of every object (default: default)")
+    emit.add_argument("--output", metavar="FILE", help="write the YAML here (default: stdout)")
+    emit.add_argument("--emit-secret", action="store_true",
+                      help="also write the token Secret <name>-token with a random token (default: only say how to "
+                           "create it)")
+    emit.add_argument("--checkpoint-claim", metavar="CLAIM",
+                      help=f"PersistentVolumeClaim mounted at {k8s.CHECKPOINT_MOUNT_PATH} on PS pods and the chief "
+                           "(default: <name>-checkpoints)")
+    emit.add_argument("--no-checkpoint-volume", action="store_true", help="mount no checkpoint volume")
     p.add_argument("script", nargs="?", help="training script run by chief/worker/evaluator tasks")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -57,6 +79,69 @@ def _check_timeout_option(timeout: float | None) -> None:
     if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
         raise ConfigError(f"Invalid option --timeout. Received: --timeout={timeout:g}. Give a number of seconds "
                           f"above 0 and at most {MAX_SECONDS} (one year), or leave it out for no limit.")
+
+
+#: Options that only --emit uses, by their attribute in the parsed arguments.
+_EMIT_OPTIONS = {"image": "--image", "namespace": "--namespace", "output": "--output", "emit_secret": "--emit-secret",
+                 "checkpoint_claim": "--checkpoint-claim", "no_checkpoint_volume": "--no-checkpoint-volume"}
+#: Launch options that mean nothing to --emit.
+_LAUNCH_OPTIONS = {"task": "--task", "log_all": "--log-all", "log_dir": "--log-dir"}
+
+
+def _check_emit_options(args) -> None:
+    """Refuses --emit options without --emit, and launch options with it."""
+    if not args.emit:
+        given = [flag for name, flag in _EMIT_OPTIONS.items() if getattr(args, name)]
+        if given:
+            raise ConfigError(f"{given[0]} is an option of --emit (Kubernetes manifests). Received: {given[0]} "
+                              "without --emit. Add --emit kubeflow or --emit k8s, or leave it out.")
+        return
+    given = [(flag, getattr(args, name)) for name, flag in _LAUNCH_OPTIONS.items() if getattr(args, name)]
+    if given:
+        flag, value = given[0]
+        shown = flag if value is True else f"{flag} {value}"
+        raise ConfigError(f"{flag} is an option of a launch, and --emit launches nothing: it writes manifests "
+                          f"for every task. Received: --emit {args.emit} {shown}. Leave {flag} out.")
+    if not args.image:
+        raise ConfigError(f"--emit needs the container image the pods run. Received: --emit {args.emit} without "
+                          "--image. Add e.g. --image registry.example.com/digits:1 (an image with Python, tfdist "
+                          "and your script).")
+    if args.checkpoint_claim and args.no_checkpoint_volume:
+        raise ConfigError("--checkpoint-claim and --no-checkpoint-volume contradict each other. Received: "
+                          f"--checkpoint-claim {args.checkpoint_claim} --no-checkpoint-volume. Give one: a claim to "
+                          "mount, or no volume.")
+
+
+def _emit(config, args) -> int:
+    """Writes the Kubernetes manifests of ``config`` (``--emit``)."""
+    if args.timeout is not None:
+        config.launch.job_timeout_s = args.timeout  # becomes activeDeadlineSeconds
+    namespace = args.namespace or "default"
+    options = dict(namespace=namespace, checkpoint_claim=args.checkpoint_claim,
+                   checkpoint_volume=not args.no_checkpoint_volume)
+    build = k8s.kubeflow_tfjob if args.emit == "kubeflow" else k8s.kubernetes_jobs
+    docs = build(config, args.image, args.script, args.script_args, **options)
+    docs = [docs] if isinstance(docs, dict) else docs
+    if args.emit_secret:
+        docs.insert(0, k8s.token_secret(config, namespace))
+    notes = k8s.prerequisites(config, namespace, checkpoint_claim=args.checkpoint_claim,
+                              checkpoint_volume=not args.no_checkpoint_volume, token_secret_included=args.emit_secret)
+    text = k8s.dump_yaml(docs, comment=notes)
+    if not args.output:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        try:  # the file may hold the token (--emit-secret): readable by its owner only
+            fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            raise ConfigError(f"Cannot write --output {args.output!r}: {e.strerror or e}. Give a writable file "
+                              "path, or leave --output out to print the manifests.") from None
+        logger.info("wrote %d manifest(s) for job %r to %s", len(docs), config.name, args.output)
+    for line in notes[1:]:
+        logger.info("%s", line)
+    return 0
 
 
 def _run_one_task(config, task, script, script_args) -> int:
@@ -88,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         _check_timeout_option(args.timeout)
+        _check_emit_options(args)
         config = load_config(args.config)
+        if args.emit:
+            return _emit(config, args)
         if args.log_all:
             config.launch.log_all_tasks = True
         if args.script and not os.path.exists(args.script):

@@ -1,0 +1,444 @@
+"""Kubernetes manifests (tfdist.cluster.k8s, ``tfdist.launch --emit``): structure, TF_CONFIG per pod, secret, volume."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tfdist import constants
+from tfdist.cluster import k8s
+from tfdist.cluster.launch import main
+from tfdist.config import JobConfig, TaskSpec, load_config
+from tfdist.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MULTI_MACHINE = os.path.join(ROOT, "configs", "multi_machine.yaml")
+#: Every replica type a TFJob has, given as counts (a count is fine for --emit: the emitter assigns DNS names).
+FULL = {"name": "full", "cluster": {"chief": 1, "worker": 3, "ps": 2, "evaluator": 1},
+        "strategy": {"consistency": "ssp", "staleness": 2}, "ps": {"rpc_timeout_s": 45}}
+IMAGE = "registry.example.com/digits:1"
+
+
+def _configs():
+    return [pytest.param(lambda: load_config(MULTI_MACHINE), id="multi_machine"),
+            pytest.param(lambda: JobConfig.from_dict(FULL), id="chief+worker+ps+evaluator")]
+
+
+def _containers(docs):
+    """``{TaskSpec: (pod spec, container)}`` of the plain manifests, keyed by the pod labels."""
+    out = {}
+    for doc in docs:
+        if doc["kind"] != "Job":
+            continue
+        template = doc["spec"]["template"]
+        labels = template["metadata"]["labels"]
+        task = TaskSpec(labels["tfdist/replica-type"], int(labels["tfdist/replica-index"]))
+        [container] = template["spec"]["containers"]
+        out[task] = (template["spec"], container)
+    return out
+
+
+def _env(container):
+    return {e["name"]: e for e in container["env"]}
+
+
+def _values(container):
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def _pod_dns_names(docs):
+    """Each task's address as Kubernetes would resolve it: the pod ``hostname.subdomain`` under a headless
+    Service that selects the pod, and the container's port. Built from the manifests alone."""
+    [service] = [d for d in docs if d["kind"] == "Service"]
+    assert service["spec"]["clusterIP"] == "None"
+    names = {}
+    for task, (pod, container) in _containers(docs).items():
+        assert pod["subdomain"] == service["metadata"]["name"]
+        job = next(d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == pod["hostname"])
+        labels = job["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= labels.items()
+        [port] = container["ports"]
+        names[task] = f"{pod['hostname']}.{pod['subdomain']}:{port['containerPort']}"
+    return names
+
+
+def _operator_tf_config(tfjob, replica_type, index):
+    """The TF_CONFIG the Kubeflow training operator (v1) writes into a TFJob pod, from the TFJob alone.
+
+    As the operator's ``genTFConfigJSONStr``/``genClusterSpec``: every replica type but ``Evaluator``
+    (not part of the training cluster) lower-cased, ``<name>-<type>-<i>.<namespace>.svc:<port>`` with the
+    port of the ``tensorflow`` container's ``tfjob-port`` (2222 without one), and ``environment: cloud``.
+    """
+    name, namespace = tfjob["metadata"]["name"], tfjob["metadata"]["namespace"]
+    cluster = {}
+    for rtype, spec in tfjob["spec"]["tfReplicaSpecs"].items():
+        if rtype == "Evaluator":
+            continue
+        port = 2222
+        for container in spec["template"]["spec"]["containers"]:
+            if container["name"] == "tensorflow":
+                for p in container.get("ports", []):
+                    if p.get("name") == "tfjob-port":
+                        port = p["containerPort"]
+        rt = rtype.lower()
+        cluster[rt] = [f"{name}-{rt}-{i}.{namespace}.svc:{port}" for i in range(spec["replicas"])]
+    return {"cluster": cluster, "task": {"type": replica_type.lower(), "index": index}, "environment": "cloud"}
+
+
+# ------------------------------------------------------------------ plain Kubernetes
+def test_plain_manifests_for_multi_machine():
+    cfg = load_config(MULTI_MACHINE)
+    docs = k8s.kubernetes_jobs(cfg, IMAGE, "examples/train_digits.py", ["--epochs", "3"])
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
+        ("Service", "multi-machine"), ("Job", "multi-machine-ps-0"), ("Job", "multi-machine-ps-1"),
+        ("Job", "multi-machine-chief-0"), ("Job", "multi-machine-worker-0")]
+    assert all(d["metadata"]["namespace"] == "default" for d in docs)
+    service = docs[0]
+    assert service["apiVersion"] == "v1"
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {"tfdist/job-name": "multi-machine"}
+    pods = _containers(docs)
+    for task, (pod, container) in pods.items():
+        job = next(d for d in docs if d["metadata"]["name"] == pod["hostname"])
+        assert job["apiVersion"] == "batch/v1"
+        assert container["image"] == IMAGE
+        assert container["ports"] == [{"name": "tfdist", "containerPort": 2222}]
+        if task.job == "ps":
+            assert container["command"] == ["python", "-m", "tfdist.ps"]
+        else:
+            assert container["command"] == ["python", "examples/train_digits.py", "--epochs", "3"]
+        if task.job == "chief":  # its failure ends the job, as in a local launch
+            assert pod["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] == 0
+        else:
+            assert pod["restartPolicy"] == "OnFailure" and job["spec"]["backoffLimit"] == k8s.RESTART_LIMIT
+        assert "activeDeadlineSeconds" not in job["spec"]
+
+
+@pytest.mark.parametrize("make_config", _configs())
+def test_each_pod_gets_the_tf_config_of_its_task_at_the_pod_dns_names(make_config):
+    cfg = make_config()
+    docs = k8s.kubernetes_jobs(cfg, IMAGE, "train.py")
+    addressed = k8s.kubernetes_config(cfg)
+    dns = _pod_dns_names(docs)
+    tasks = [TaskSpec(job, i) for job, addresses in cfg.cluster.jobs().items() for i in range(len(addresses))]
+    assert sorted(dns, key=str) == sorted(tasks, key=str)  # one pod per task of the config
+    for task in tasks:
+        assert getattr(addressed.cluster, task.job)[task.index] == dns[task]
+        _, container = _containers(docs)[task]
+        assert json.loads(_values(container)[constants.ENV_TF_CONFIG]) == addressed.tf_config(task)
+    assert addressed.cluster.ps[1] == f"{cfg.name}-ps-1.{cfg.name}:2222"
+
+
+@pytest.mark.parametrize("make_config", _configs())
+def test_a_pod_reads_back_the_config_and_its_task(make_config, monkeypatch):
+    """What ``JobConfig.from_tf_config()`` (``python -m tfdist.ps``, the strategies) sees in each pod."""
+    cfg = make_config()
+    addressed = k8s.kubernetes_config(cfg)
+    for task, (_, container) in _containers(k8s.kubernetes_jobs(cfg, IMAGE, "train.py")).items():
+        for name, value in _values(container).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv(cfg.security.token_env, "the-token-from-the-secret")
+        seen, seen_task = JobConfig.from_tf_config()
+        assert seen_task == task
+        assert seen == addressed
+        assert seen.strategy == cfg.strategy and seen.ps == cfg.ps
+        assert seen.security.resolve_token() == "the-token-from-the-secret"
+
+
+def test_without_a_chief_worker_0_plays_it():
+    cfg = JobConfig.from_dict({"name": "digits", "cluster": {"worker": 2, "ps": 1}})
+    pods = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "train.py"))
+    assert pods[TaskSpec("worker", 0)][0]["restartPolicy"] == "Never"
+    assert pods[TaskSpec("worker", 1)][0]["restartPolicy"] == "OnFailure"
+    mounted = {t for t, (pod, _) in pods.items() if any(v["name"] == "checkpoints" for v in pod.get("volumes", []))}
+    assert mounted == {TaskSpec("ps", 0), TaskSpec("worker", 0)}
+
+
+def test_input_tasks_run_the_queue_service_on_every_interface():
+    cfg = JobConfig.from_dict({"name": "q", "cluster": {"worker": 1, "ps": 1, "input": 1},
+                               "launch": {"input_args": ["--producer", "mymod:make"]}})
+    pods = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "train.py"))
+    assert pods[TaskSpec("input", 0)][1]["command"] == [
+        "python", "-m", "tfdist.data.queue_service", "--port", "2222", "--host", "[::]", "--producer", "mymod:make"]
+    assert pods[TaskSpec("input", 0)][0]["restartPolicy"] == "OnFailure"
+
+
+def test_without_a_script_training_pods_run_the_image_entrypoint():
+    pods = _containers(k8s.kubernetes_jobs(JobConfig.from_dict(FULL), IMAGE))
+    for task, (_, container) in pods.items():
+        assert ("command" in container) == (task.job == "ps")
+    with pytest.raises(ConfigError, match="Script arguments without a script"):
+        k8s.kubernetes_jobs(JobConfig.from_dict(FULL), IMAGE, None, ["--epochs", "3"])
+
+
+# ------------------------------------------------------------------ Kubeflow
+def test_kubeflow_tfjob_structure():
+    cfg = JobConfig.from_dict(FULL)
+    tfjob = k8s.kubeflow_tfjob(cfg, IMAGE, "train.py", ["--epochs", "2"], namespace="training")
+    assert tfjob["apiVersion"] == "kubeflow.org/v1" and tfjob["kind"] == "TFJob"
+    assert tfjob["metadata"] == {"name": "full", "namespace": "training", "labels": {"tfdist/job-name": "full"}}
+    assert tfjob["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": k8s.RESTART_LIMIT}
+    replicas = tfjob["spec"]["tfReplicaSpecs"]
+    assert {r: s["replicas"] for r, s in replicas.items()} == {"Chief": 1, "Worker": 3, "PS": 2, "Evaluator": 1}
+    assert {r: s["restartPolicy"] for r, s in replicas.items()} == {
+        "Chief": "Never", "Worker": "OnFailure", "PS": "OnFailure", "Evaluator": "OnFailure"}
+    for rtype, spec in replicas.items():
+        pod = spec["template"]["spec"]
+        assert "restartPolicy" not in pod  # a replica spec field in a TFJob
+        [container] = pod["containers"]
+        assert container["name"] == "tensorflow"  # the operator reads the port from this container
+        assert container["ports"] == [{"name": "tfjob-port", "containerPort": 2222}]
+        assert container["command"] == (["python", "-m", "tfdist.ps"] if rtype == "PS"
+                                        else ["python", "train.py", "--epochs", "2"])
+        env = _values(container)
+        assert constants.ENV_TF_CONFIG not in env  # the operator writes it
+        assert JobConfig.from_json(env[constants.ENV_CONFIG]) == k8s.kubeflow_config(cfg, "training")
+
+
+@pytest.mark.parametrize("namespace", ["default", "training"])
+@pytest.mark.parametrize("make_config", _configs())
+def test_the_operators_tf_config_is_the_configs(make_config, namespace):
+    cfg = make_config()
+    tfjob = k8s.kubeflow_tfjob(cfg, IMAGE, "train.py", namespace=namespace)
+    addressed = k8s.kubeflow_config(cfg, namespace)
+    seen = set()
+    for rtype, spec in tfjob["spec"]["tfReplicaSpecs"].items():
+        for index in range(spec["replicas"]):
+            task = TaskSpec(rtype.lower(), index)
+            expected = addressed.tf_config(task)
+            # The operator leaves evaluators out of the cluster (TF's convention; a tfdist evaluator needs only
+            # the PS addresses) and adds "environment", which tfdist ignores.
+            expected["cluster"].pop("evaluator", None)
+            assert _operator_tf_config(tfjob, rtype, index) == {**expected, "environment": "cloud"}
+            seen.add(task)
+    assert seen == {TaskSpec(j, i) for j, a in cfg.cluster.jobs().items() for i in range(len(a))}
+
+
+def test_kubeflow_refuses_input_tasks():
+    cfg = JobConfig.from_dict({"name": "q", "cluster": {"worker": 1, "ps": 1, "input": 1}})
+    with pytest.raises(ConfigError, match=r"`cluster.input` for Kubeflow.*--emit k8s"):
+        k8s.kubeflow_tfjob(cfg, IMAGE, "train.py")
+
+
+def test_kubeflow_without_a_chief_mounts_the_checkpoints_on_the_workers():
+    cfg = JobConfig.from_dict({"name": "digits", "cluster": {"worker": 2, "ps": 1}})
+    replicas = k8s.kubeflow_tfjob(cfg, IMAGE, "train.py")["spec"]["tfReplicaSpecs"]
+    assert set(replicas) == {"Worker", "PS"}
+    for spec in replicas.values():
+        assert spec["template"]["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "digits-checkpoints"}
+
+
+# ------------------------------------------------------------------ token, volume, TLS
+@pytest.mark.parametrize("emit", ["k8s", "kubeflow"])
+def test_the_token_comes_from_the_secret_and_never_appears(emit):
+    data = dict(FULL, security={"token": "literal-token-in-the-file", "token_env": "MY_TOKEN"})
+    cfg = JobConfig.from_dict(data)
+    docs = k8s.kubernetes_jobs(cfg, IMAGE, "t.py") if emit == "k8s" else [k8s.kubeflow_tfjob(cfg, IMAGE, "t.py")]
+    text = k8s.dump_yaml(docs)
+    assert "literal-token-in-the-file" not in text
+    containers = ([c for _, c in _containers(docs).values()] if emit == "k8s" else
+                  [s["template"]["spec"]["containers"][0] for s in docs[0]["spec"]["tfReplicaSpecs"].values()])
+    assert containers
+    for container in containers:
+        assert _env(container)["MY_TOKEN"] == {
+            "name": "MY_TOKEN", "valueFrom": {"secretKeyRef": {"name": "full-token", "key": "token"}}}
+        assert json.loads(_values(container)[constants.ENV_CONFIG])["security"]["token"] is None
+
+
+def test_token_secret():
+    cfg = JobConfig.from_dict(FULL)
+    a, b = k8s.token_secret(cfg, "training"), k8s.token_secret(cfg, "training")
+    assert a["kind"] == "Secret" and a["metadata"]["name"] == "full-token" and a["metadata"]["namespace"] == "training"
+    assert len(a["stringData"]["token"]) == 64 and a["stringData"]["token"] != b["stringData"]["token"]
+    assert k8s.token_secret(cfg, token="0123456789")["stringData"] == {"token": "0123456789"}
+    with pytest.raises(ConfigError, match="at least 8 characters"):
+        k8s.token_secret(cfg, token="short")
+
+
+def test_the_checkpoint_claim_is_mounted_on_ps_pods_and_the_chief():
+    cfg = JobConfig.from_dict(FULL)
+    pods = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "t.py"))
+    for task, (pod, container) in pods.items():
+        if task.job in ("ps", "chief"):
+            claim = {"claimName": "full-checkpoints"}
+            assert pod["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": claim}]
+            assert container["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/checkpoints"}]
+        else:
+            assert "volumes" not in pod and "volumeMounts" not in container
+    custom = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "t.py", checkpoint_claim="shared-nfs"))
+    assert custom[TaskSpec("ps", 1)][0]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "shared-nfs"}
+    none = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "t.py", checkpoint_volume=False))
+    assert all("volumes" not in pod for pod, _ in none.values())
+    replicas = k8s.kubeflow_tfjob(cfg, IMAGE, "t.py")["spec"]["tfReplicaSpecs"]
+    assert {r for r, s in replicas.items() if "volumes" in s["template"]["spec"]} == {"Chief", "PS"}
+
+
+def test_tls_files_come_from_the_tls_secret():
+    data = dict(FULL, security={"tls_cert": "certs/ps.pem", "tls_key": "certs/ps.key", "tls_ca": "certs/ca.pem"})
+    cfg = JobConfig.from_dict(data)
+    addressed = k8s.kubernetes_config(cfg)
+    assert (addressed.security.tls_cert, addressed.security.tls_key, addressed.security.tls_ca) == (
+        "/etc/tfdist/tls/tls.crt", "/etc/tfdist/tls/tls.key", "/etc/tfdist/tls/ca.crt")
+    for task, (pod, container) in _containers(k8s.kubernetes_jobs(cfg, IMAGE, "t.py")).items():
+        [tls] = [v for v in pod["volumes"] if v["name"] == "tls"]
+        keys = [item["key"] for item in tls["secret"]["items"]]
+        assert tls["secret"]["secretName"] == "full-tls"
+        assert keys == (["tls.crt", "tls.key"] if task.job == "ps" else ["ca.crt"])  # each reads only its files
+        assert {"name": "tls", "mountPath": "/etc/tfdist/tls", "readOnly": True} in container["volumeMounts"]
+        assert JobConfig.from_json(_values(container)[constants.ENV_CONFIG]).security == addressed.security
+    replicas = k8s.kubeflow_tfjob(cfg, IMAGE, "t.py")["spec"]["tfReplicaSpecs"]
+    ps_tls = [v for v in replicas["PS"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    assert ps_tls[0]["secret"]["secretName"] == "full-tls"
+    assert any("kubectl create secret generic full-tls" in line for line in k8s.prerequisites(cfg))
+
+
+# ------------------------------------------------------------------ refusals, timeouts, YAML
+@pytest.mark.parametrize("name", ["Multi_Machine", "9lives", "ends-", "x" * 60])
+def test_a_name_that_is_no_dns_label_is_refused(name):
+    cfg = JobConfig.from_dict(dict(FULL, name=name))
+    with pytest.raises(ConfigError, match=r"Invalid config field `name` for Kubernetes\. Received: name="):
+        k8s.kubernetes_jobs(cfg, IMAGE, "t.py")
+    with pytest.raises(ConfigError, match="DNS label"):
+        k8s.kubeflow_tfjob(cfg, IMAGE, "t.py")
+
+
+def test_the_longest_name_allowed_fits_the_longest_hostname():
+    room = 63 - len("-evaluator-0")
+    k8s.kubernetes_jobs(JobConfig.from_dict(dict(FULL, name="a" * room)), IMAGE, "t.py")
+    with pytest.raises(ConfigError, match=f"at most {room} characters"):
+        k8s.kubernetes_jobs(JobConfig.from_dict(dict(FULL, name="a" * (room + 1))), IMAGE, "t.py")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"image": ""}, r"Invalid container image \(--image\)\. Received: image=''"),
+    ({"image": "a b"}, r"Received: image='a b'"),
+    ({"namespace": "Bad_NS"}, r"namespace \(--namespace\)\. Received: namespace='Bad_NS'"),
+    ({"port": 0}, r"Invalid port\. Received: port=0"),
+    ({"checkpoint_claim": "Bad_Claim"}, r"\(--checkpoint-claim\)\. Received: checkpoint_claim='Bad_Claim'"),
+])
+def test_bad_options_are_refused(kwargs, match):
+    args = {"image": IMAGE, **kwargs}
+    with pytest.raises(ConfigError, match=match):
+        k8s.kubernetes_jobs(JobConfig.from_dict(FULL), args.pop("image"), "t.py", **args)
+
+
+def test_an_elastic_job_is_refused():
+    cfg = JobConfig.from_dict({"name": "el", "cluster": {"worker": 1, "ps": 1}, "elastic": {"max_workers": 2}})
+    with pytest.raises(ConfigError, match="`elastic.enabled` for Kubernetes"):
+        k8s.kubernetes_jobs(cfg, IMAGE, "t.py")
+
+
+def test_the_job_timeout_becomes_the_deadline():
+    cfg = JobConfig.from_dict(dict(FULL, launch={"job_timeout_s": 3600.5}))
+    jobs = [d for d in k8s.kubernetes_jobs(cfg, IMAGE, "t.py") if d["kind"] == "Job"]
+    assert {d["spec"]["activeDeadlineSeconds"] for d in jobs} == {3601}
+    assert k8s.kubeflow_tfjob(cfg, IMAGE, "t.py")["spec"]["runPolicy"]["activeDeadlineSeconds"] == 3601
+
+
+def test_dump_yaml_round_trips_and_leads_with_comments():
+    docs = k8s.kubernetes_jobs(JobConfig.from_dict(FULL), IMAGE, "t.py")
+    text = k8s.dump_yaml(docs, comment=["first", "second"])
+    assert text.startswith("# first\n# second\n---\n")
+    assert list(yaml.safe_load_all(text)) == docs
+    assert list(yaml.safe_load_all(k8s.dump_yaml(docs[0]))) == [docs[0]]
+
+
+# ------------------------------------------------------------------ the CLI
+def _emit(capsys, *args):
+    code = main(["--config", MULTI_MACHINE, *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_emit_kubeflow_prints_parseable_yaml():
+    """The command as a user types it, in a fresh interpreter: YAML on stdout, exit 0, no TensorFlow imported."""
+    code = ("import sys; from tfdist.cluster.launch import main; rc = main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules, 'the launcher imported TensorFlow'; sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, "--config", "configs/multi_machine.yaml", "--emit", "kubeflow",
+                        "--image", "x"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr
+    [tfjob] = list(yaml.safe_load_all(r.stdout))
+    assert tfjob["kind"] == "TFJob" and tfjob["metadata"]["name"] == "multi-machine"
+    assert set(tfjob["spec"]["tfReplicaSpecs"]) == {"Chief", "Worker", "PS"}
+    assert "kubectl create secret generic multi-machine-token" in r.stdout  # a comment: how to make the Secret
+    r = subprocess.run([sys.executable, "-m", "tfdist.launch", "--config", "configs/multi_machine.yaml", "--emit",
+                        "kubeflow", "--image", "x"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr
+    assert list(yaml.safe_load_all(r.stdout)) == [tfjob]
+
+
+def test_cli_emit_k8s_with_counts_script_and_arguments(capsys, tmp_path):
+    config = tmp_path / "counts.yaml"
+    config.write_text("name: digits\ncluster: {worker: 2, ps: 1}\n")
+    code = main(["--config", str(config), "--emit", "k8s", "--image", IMAGE, "--namespace", "training",
+                 "examples/train_digits.py", "--epochs", "3"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    docs = list(yaml.safe_load_all(out))
+    assert [d["metadata"]["name"] for d in docs] == ["digits", "digits-ps-0", "digits-worker-0", "digits-worker-1"]
+    assert {d["metadata"]["namespace"] for d in docs} == {"training"}
+    assert _containers(docs)[TaskSpec("worker", 1)][1]["command"] == [
+        "python", "examples/train_digits.py", "--epochs", "3"]
+
+
+def test_cli_emit_is_not_held_to_the_local_task_limit(capsys, monkeypatch, tmp_path):
+    """Counts mean "this many pods" to --emit, not "this many processes on this machine"."""
+    import tfdist.cluster.local
+
+    monkeypatch.setattr(tfdist.cluster.local, "local_task_limit", lambda *a, **k: 2)
+    config = tmp_path / "counts.yaml"
+    config.write_text("name: wide\ncluster: {chief: 1, worker: 8, ps: 3}\n")
+    code = main(["--config", str(config), "--emit", "kubeflow", "--image", IMAGE, "train.py"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    [tfjob] = list(yaml.safe_load_all(out))
+    assert {r: s["replicas"] for r, s in tfjob["spec"]["tfReplicaSpecs"].items()} == {"Chief": 1, "Worker": 8, "PS": 3}
+    script = os.path.join(ROOT, "examples", "train_digits.py")
+    assert main(["--config", str(config), script]) == 2  # a local launch of the same config is refused
+    assert "at most 2" in capsys.readouterr().err
+
+
+def test_cli_emit_secret_to_a_private_file(capsys, caplog, tmp_path):
+    out_file = tmp_path / "job.yaml"
+    with caplog.at_level("INFO", logger="tfdist.launch"):
+        code, out, _ = _emit(capsys, "--emit", "k8s", "--image", IMAGE, "--emit-secret", "--output", str(out_file),
+                             "--checkpoint-claim", "nfs-claim", "--timeout", "600", "train.py")
+    assert code == 0 and out == ""
+    assert f"wrote 6 manifest(s) for job 'multi-machine' to {out_file}" in caplog.text
+    assert stat.S_IMODE(os.stat(out_file).st_mode) == 0o600  # it holds the token
+    docs = list(yaml.safe_load_all(out_file.read_text()))
+    assert docs[0]["kind"] == "Secret" and len(docs[0]["stringData"]["token"]) == 64
+    assert "kubectl create secret" not in out_file.read_text()
+    jobs = [d for d in docs if d["kind"] == "Job"]
+    assert {d["spec"]["activeDeadlineSeconds"] for d in jobs} == {600}
+    ps = _containers(docs)[TaskSpec("ps", 0)][0]
+    assert ps["volumes"][0]["persistentVolumeClaim"] == {"claimName": "nfs-claim"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--emit", "kubeflow"], "--emit needs the container image the pods run. Received: --emit kubeflow without"),
+    (["--image", "x"], "--image is an option of --emit"),
+    (["--emit", "k8s", "--image", "x", "--task", "ps:0"], "Received: --emit k8s --task ps:0. Leave --task out."),
+    (["--emit", "k8s", "--image", "x", "--checkpoint-claim", "c", "--no-checkpoint-volume"], "contradict"),
+    (["--emit", "k8s", "--image", "x", "--namespace", "NS"], "Received: namespace='NS'"),
+])
+def test_cli_emit_mistakes_exit_2_with_a_message(capsys, args, message):
+    code, out, err = _emit(capsys, *args)
+    assert code == 2 and out == ""
+    assert message in err
+
+
+def test_cli_a_bad_job_name_exits_2(capsys, tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("name: My_Job\ncluster: {worker: 1, ps: 1}\n")
+    code = main(["--config", str(config), "--emit", "kubeflow", "--image", "x"])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert "Invalid config field `name` for Kubernetes. Received: name='My_Job'" in err
+    assert "Use e.g. name: my-job." in err

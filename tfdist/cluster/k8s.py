@@ -1,0 +1,591 @@
+"""Kubernetes manifests for a job: a Kubeflow ``TFJob``, or plain Jobs behind a headless Service (no operator).
+
+``python -m tfdist.launch --config FILE --emit {kubeflow,k8s} --image IMAGE script.py`` prints them;
+docs/kubernetes.md describes what they contain. Everything here is a pure function of a
+:class:`~tfdist.config.JobConfig`: nothing talks to a cluster or imports TensorFlow.
+
+Every task gets a stable DNS name in place of the addresses (or counts) the
+config lists, and one port for all (:data:`DEFAULT_PORT`; each pod has its own IP):
+
+* plain manifests (:func:`kubernetes_jobs`): ``<name>-<job>-<index>.<name>:<port>``,
+  the pod's ``hostname`` under the job's headless Service (its ``subdomain``);
+* Kubeflow (:func:`kubeflow_tfjob`): ``<name>-<job>-<index>.<namespace>.svc:<port>``,
+  the per-replica Service the training operator creates.
+
+:func:`kubernetes_config` and :func:`kubeflow_config` return the config with
+those addresses. A pod of the plain manifests gets ``TF_CONFIG`` =
+``json.dumps(kubernetes_config(config).tf_config(task))``; in a TFJob the
+operator writes ``TF_CONFIG`` itself and it names the same addresses (less the
+evaluators: the operator leaves ``evaluator`` out of the cluster, TensorFlow's
+convention, and a tfdist evaluator needs only the PS addresses). Every pod also
+gets ``TFDIST_CONFIG`` (the rest of the config, as the local launcher sets it)
+and the job token from the Secret ``<name>-token`` (key ``token``).
+
+Example:
+
+>>> from tfdist.config import JobConfig
+>>> cfg = JobConfig.from_dict({"name": "digits", "cluster": {"ps": 1, "worker": 2}})
+>>> kubernetes_config(cfg).cluster.ps
+['digits-ps-0.digits:2222']
+>>> [d["kind"] for d in kubernetes_jobs(cfg, "registry/digits:1", "train.py")]
+['Service', 'Job', 'Job', 'Job']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from tfdist import constants
+from tfdist.cluster.local import task_argv, task_environment
+from tfdist.config import JOB_NAMES, ClusterConfig, JobConfig, TaskSpec
+from tfdist.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_PORT",
+    "CHECKPOINT_MOUNT_PATH",
+    "TLS_MOUNT_PATH",
+    "TLS_SECRET_KEYS",
+    "TOKEN_SECRET_KEY",
+    "KUBEFLOW_REPLICA_TYPES",
+    "RESTART_LIMIT",
+    "check_job_name",
+    "task_host",
+    "token_secret_name",
+    "tls_secret_name",
+    "checkpoint_claim_name",
+    "kubernetes_config",
+    "kubeflow_config",
+    "kubernetes_jobs",
+    "kubeflow_tfjob",
+    "token_secret",
+    "prerequisites",
+    "dump_yaml",
+]
+
+#: The port every task listens on (Kubeflow's default ``tfjob-port``).
+DEFAULT_PORT = 2222
+#: Where the checkpoint volume is mounted (PS pods and the chief's).
+CHECKPOINT_MOUNT_PATH = "/checkpoints"
+#: Where the TLS Secret ``<name>-tls`` is mounted (read-only).
+TLS_MOUNT_PATH = "/etc/tfdist/tls"
+#: Key of each TLS file in the Secret ``<name>-tls``, by config field.
+TLS_SECRET_KEYS = {"tls_cert": "tls.crt", "tls_key": "tls.key", "tls_ca": "ca.crt"}
+#: Key of the token in the Secret ``<name>-token``.
+TOKEN_SECRET_KEY = "token"
+#: TFJob replica type of each tfdist job (a TFJob has no replica type for ``input`` tasks).
+KUBEFLOW_REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
+#: Restarts in place (``OnFailure``) a Job (or a TFJob, all replicas together) allows before it fails.
+RESTART_LIMIT = 3
+
+#: Order of the Jobs in the plain manifests (servers first, as the local launcher starts them).
+_JOB_ORDER = ("ps", "input", "chief", "worker", "evaluator")
+#: Jobs whose pods run tfdist's own servers (``python -m tfdist.ps`` / ``tfdist.data.queue_service``), never the script.
+_SERVER_JOBS = ("ps", "input")
+_LABEL_JOB = "tfdist/job-name"
+_LABEL_TYPE = "tfdist/replica-type"
+_LABEL_INDEX = "tfdist/replica-index"
+_PYTHON = "python"
+_PORT_NAME = "tfdist"
+#: Container and port names the training operator looks for (it reads the port from them).
+_KUBEFLOW_CONTAINER = "tensorflow"
+_KUBEFLOW_PORT_NAME = "tfjob-port"
+#: Longest Kubernetes name that is also a DNS label (Service, pod hostname, ``job-name`` label).
+_MAX_LABEL = 63
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # RFC 1035 (Service names)
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # namespaces
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+# ------------------------------------------------------------------- names
+def task_host(config: JobConfig, task: TaskSpec) -> str:
+    """``<name>-<job>-<index>``: the task's pod hostname, Job name and (Kubeflow) Service name."""
+    return f"{config.name}-{task.job}-{task.index}"
+
+
+def token_secret_name(config: JobConfig) -> str:
+    """``<name>-token``: the Secret holding the job token (key :data:`TOKEN_SECRET_KEY`)."""
+    return f"{config.name}-token"
+
+
+def tls_secret_name(config: JobConfig) -> str:
+    """``<name>-tls``: the Secret holding the TLS files (keys :data:`TLS_SECRET_KEYS`)."""
+    return f"{config.name}-tls"
+
+
+def checkpoint_claim_name(config: JobConfig) -> str:
+    """``<name>-checkpoints``: the default PersistentVolumeClaim mounted at :data:`CHECKPOINT_MOUNT_PATH`."""
+    return f"{config.name}-checkpoints"
+
+
+def _tasks(config: JobConfig, jobs: Iterable[str] = _JOB_ORDER) -> list[TaskSpec]:
+    return [TaskSpec(job, i) for job in jobs for i in range(len(getattr(config.cluster, job)))]
+
+
+def check_job_name(config: JobConfig) -> None:
+    """Refuses a ``config.name`` that cannot name the job's Kubernetes objects.
+
+    The name becomes the Service name and starts every pod hostname
+    (``<name>-<job>-<index>``), so it must be an RFC 1035 DNS label: lowercase
+    letters, digits and ``-``, starting with a letter, ending with a letter or
+    a digit, and short enough that the longest hostname has at most 63
+    characters.
+
+    Raises:
+        ConfigError: naming ``name``, the value and the longest name allowed.
+    """
+    name = config.name
+    longest = max((task_host(config, t) for t in _tasks(config)), key=len)
+    room = _MAX_LABEL - (len(longest) - len(name))
+    if not _DNS_LABEL.fullmatch(name) or len(name) > room:
+        suggestion = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+        suggestion = re.sub(r"^[^a-z]+", "", suggestion)[:room].rstrip("-") or "tfdist"
+        raise ConfigError(
+            f"Invalid config field `name` for Kubernetes. Received: name={name!r}. It names the job's Service and "
+            f"starts every pod hostname (the longest: {longest!r}), so it must be a DNS label: lowercase letters, "
+            f"digits and '-', starting with a letter and ending with a letter or digit, at most {room} characters "
+            f"for this cluster (hostnames have at most {_MAX_LABEL}). Use e.g. name: {suggestion}."
+        )
+
+
+def _check_emittable(config: JobConfig, kubeflow: bool) -> None:
+    check_job_name(config)
+    if config.elastic.enabled:
+        raise ConfigError(
+            "Invalid config field `elastic.enabled` for Kubernetes. Received: elastic.enabled=True. The elastic "
+            "engine starts and stops worker processes on the launcher's machine; the manifests run a fixed set of "
+            "tasks. Remove the `elastic` section (or write `enabled: false`) to emit manifests."
+        )
+    if kubeflow and config.cluster.input:
+        raise ConfigError(
+            f"Invalid config field `cluster.input` for Kubeflow. Received: cluster.input has "
+            f"{len(config.cluster.input)} task(s). A TFJob has no replica type for input tasks (only "
+            f"{', '.join(KUBEFLOW_REPLICA_TYPES.values())}). Use --emit k8s (plain Jobs), or remove the input tasks."
+        )
+
+
+# --------------------------------------------------------- addressed configs
+def _addressed(config: JobConfig, address) -> JobConfig:
+    """``config`` with every task at ``address(task)`` and the TLS files at their mount path."""
+    jobs = {job: [address(TaskSpec(job, i)) for i in range(len(getattr(config.cluster, job)))] for job in JOB_NAMES}
+    tls = {name: f"{TLS_MOUNT_PATH}/{key}" if getattr(config.security, name) else None
+           for name, key in TLS_SECRET_KEYS.items()}
+    return dataclasses.replace(config, cluster=ClusterConfig(**jobs),
+                               security=dataclasses.replace(config.security, **tls))
+
+
+def _check_port(port: Any) -> None:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(f"Invalid port. Received: port={port!r}. Give an integer in 1..65535, e.g. {DEFAULT_PORT}.")
+
+
+def _check_namespace(namespace: Any) -> None:
+    if not isinstance(namespace, str) or len(namespace) > _MAX_LABEL or not _DNS1123_LABEL.fullmatch(namespace):
+        raise ConfigError(
+            f"Invalid Kubernetes namespace (--namespace). Received: namespace={namespace!r}. Give a DNS label: "
+            f"lowercase letters, digits and '-', at most {_MAX_LABEL} characters, e.g. 'default' or 'training'."
+        )
+
+
+def kubernetes_config(config: JobConfig, port: int = DEFAULT_PORT) -> JobConfig:
+    """The config whose tasks are the pods of :func:`kubernetes_jobs`.
+
+    Each task is at ``<name>-<job>-<index>.<name>:<port>``: the pod's
+    hostname under the headless Service ``<name>``, found through the pod's
+    DNS search path in any namespace. Counts (``worker: 2``) and addresses
+    alike are replaced. TLS fields, when set, point into
+    :data:`TLS_MOUNT_PATH`; nothing else changes.
+
+    Args:
+        config: The job.
+        port: The port every task listens on. Defaults to :data:`DEFAULT_PORT`.
+
+    Raises:
+        ConfigError: the job name is no DNS label, or the job is elastic.
+    """
+    _check_emittable(config, kubeflow=False)
+    _check_port(port)
+    return _addressed(config, lambda task: f"{task_host(config, task)}.{config.name}:{port}")
+
+
+def kubeflow_config(config: JobConfig, namespace: str = "default", port: int = DEFAULT_PORT) -> JobConfig:
+    """The config whose tasks are the pods of :func:`kubeflow_tfjob`.
+
+    Each task is at ``<name>-<job>-<index>.<namespace>.svc:<port>``, the
+    address the training operator writes into ``TF_CONFIG`` (with its
+    ``CUSTOM_CLUSTER_DOMAIN`` unset, the default). TLS fields, when set,
+    point into :data:`TLS_MOUNT_PATH`; nothing else changes.
+
+    Args:
+        config: The job.
+        namespace: The namespace the TFJob runs in. Defaults to ``"default"``.
+        port: The port every task listens on. Defaults to :data:`DEFAULT_PORT`.
+
+    Raises:
+        ConfigError: the job name is no DNS label, the job is elastic or has
+            input tasks (a TFJob has no replica type for them).
+    """
+    _check_emittable(config, kubeflow=True)
+    _check_namespace(namespace)
+    _check_port(port)
+    return _addressed(config, lambda task: f"{task_host(config, task)}.{namespace}.svc:{port}")
+
+
+# --------------------------------------------------------------- pod parts
+@dataclass(frozen=True)
+class _PodOptions:
+    """What every pod of a job shares, checked once."""
+
+    image: str
+    script: str | None  # None: training pods run the image's own entrypoint
+    script_args: tuple[str, ...]
+    namespace: str
+    port: int
+    checkpoint_claim: str | None  # None: no checkpoint volume
+
+    def __post_init__(self):
+        if not isinstance(self.image, str) or not self.image or any(c.isspace() for c in self.image):
+            raise ConfigError(
+                f"Invalid container image (--image). Received: image={self.image!r}. Give the image holding your "
+                "code and tfdist, e.g. --image registry.example.com/digits:1."
+            )
+        if self.script is not None and (not isinstance(self.script, str) or not self.script):
+            raise ConfigError(
+                f"Invalid training script. Received: script={self.script!r}. Give its path inside the image, e.g. "
+                "examples/train_digits.py, or None to run the image's own entrypoint on chief, worker and "
+                "evaluator pods."
+            )
+        if self.script is None and self.script_args:
+            raise ConfigError(
+                f"Script arguments without a script. Received: script=None, script_args={list(self.script_args)!r}. "
+                "Give the script too, or bake the arguments into the image's command."
+            )
+        _check_namespace(self.namespace)
+        _check_port(self.port)
+        claim = self.checkpoint_claim
+        if claim is not None and (not isinstance(claim, str) or len(claim) > 253
+                                  or not _DNS1123_SUBDOMAIN.fullmatch(claim)):
+            raise ConfigError(
+                f"Invalid PersistentVolumeClaim name (--checkpoint-claim). Received: checkpoint_claim={claim!r}. "
+                "Give a DNS name: lowercase letters, digits, '-' and '.', e.g. digits-checkpoints."
+            )
+
+
+def _options(config: JobConfig, image, script, script_args, namespace, port, checkpoint_claim,
+             checkpoint_volume: bool) -> _PodOptions:
+    claim = (checkpoint_claim or checkpoint_claim_name(config)) if checkpoint_volume else None
+    return _PodOptions(image, script, tuple(str(a) for a in script_args), namespace, port, claim)
+
+
+def _saves(config: JobConfig, job: str) -> bool:
+    """Whether ``job`` plays the chief: ``chief``, or ``worker`` (its task 0 initialises the PS) without one."""
+    return job == "chief" or (job == "worker" and not config.cluster.chief)
+
+
+def _env(config: JobConfig, task: TaskSpec, with_tf_config: bool) -> list[dict[str, Any]]:
+    """The task's environment as the local launcher builds it, the token read from its Secret."""
+    token_env = config.security.token_env
+    env = task_environment(config, task, token="<from the Secret>", base={})
+    out = []
+    for name, value in env.items():
+        if name == token_env:
+            out.append({"name": name, "valueFrom": {"secretKeyRef": {"name": token_secret_name(config),
+                                                                     "key": TOKEN_SECRET_KEY}}})
+        elif name != constants.ENV_TF_CONFIG or with_tf_config:
+            out.append({"name": name, "value": value})
+    return out
+
+
+def _volumes(config: JobConfig, job: str, opts: _PodOptions, saves: bool) -> tuple[list[dict], list[dict]]:
+    """``(volumes, volumeMounts)``: the checkpoint claim (PS, chief) and the TLS files this job reads."""
+    volumes, mounts = [], []
+    if opts.checkpoint_claim and (job == "ps" or saves):
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": opts.checkpoint_claim}})
+        mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT_PATH})
+    fields = config.security.tls_fields(job)
+    if fields:
+        items = [{"key": TLS_SECRET_KEYS[f], "path": TLS_SECRET_KEYS[f]} for f in fields]
+        volumes.append({"name": "tls", "secret": {"secretName": tls_secret_name(config), "items": items}})
+        mounts.append({"name": "tls", "mountPath": TLS_MOUNT_PATH, "readOnly": True})
+    return volumes, mounts
+
+
+def _pod_spec(config: JobConfig, task: TaskSpec, opts: _PodOptions, *, container: str, port_name: str,
+              with_tf_config: bool, saves: bool, restart_policy: str) -> dict[str, Any]:
+    volumes, mounts = _volumes(config, task.job, opts, saves)
+    spec: dict[str, Any] = {"name": container, "image": opts.image}
+    if opts.script is not None or task.job in _SERVER_JOBS:
+        argv = task_argv(task, opts.script, opts.script_args, config)
+        spec["command"] = [_PYTHON, *argv[1:]]
+    spec["ports"] = [{"name": port_name, "containerPort": opts.port}]
+    spec["env"] = _env(config, task, with_tf_config)
+    if mounts:
+        spec["volumeMounts"] = mounts
+    pod: dict[str, Any] = {"restartPolicy": restart_policy, "containers": [spec]}
+    if volumes:
+        pod["volumes"] = volumes
+    return pod
+
+
+def _metadata(config: JobConfig, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": dict(labels)}
+
+
+def _deadline(config: JobConfig) -> dict[str, int]:
+    """``activeDeadlineSeconds`` from ``launch.job_timeout_s`` (none when unset)."""
+    timeout = config.launch.job_timeout_s
+    return {} if timeout is None else {"activeDeadlineSeconds": max(1, math.ceil(timeout))}
+
+
+# ------------------------------------------------------------- manifests
+def kubernetes_jobs(
+    config: JobConfig,
+    image: str,
+    script: str | None = None,
+    script_args: Sequence[str] = (),
+    *,
+    namespace: str = "default",
+    port: int = DEFAULT_PORT,
+    checkpoint_claim: str | None = None,
+    checkpoint_volume: bool = True,
+) -> list[dict[str, Any]]:
+    """Plain Kubernetes manifests (no operator): one headless Service, then one Job per task.
+
+    One Job per task, not one Indexed Job per job type: each pod then gets
+    its own literal ``TF_CONFIG`` (no ``$(JOB_COMPLETION_INDEX)`` expansion
+    to trust), its own restart policy (the chief's differs from the other
+    workers'), a fixed hostname that a replacement pod keeps, and a name to
+    address it by (``kubectl logs job/digits-worker-1``); it needs no
+    Kubernetes newer than ``hostname``/``subdomain`` (every supported one).
+    A few hundred tasks make a few hundred Jobs, which Kubernetes handles.
+
+    The Service ``<name>`` (``clusterIP: None``, ``publishNotReadyAddresses``
+    so names resolve before the pods are ready) gives each pod
+    ``<name>-<job>-<index>.<name>``. Pod ``<name>-<job>-<index>`` runs
+    ``python SCRIPT ARGS`` (chief, worker, evaluator; the image's entrypoint
+    without a script), ``python -m tfdist.ps``
+    (ps) or ``python -m tfdist.data.queue_service`` (input) in ``image`` with
+    ``TF_CONFIG`` and ``TFDIST_CONFIG`` of :func:`kubernetes_config` and the
+    token from the Secret ``<name>-token``.
+
+    Restart policies: the chief (worker 0 when there is no chief) ``Never``:
+    its failure ends the job, as in a local launch, and a rerun of its script
+    would start training over. Every other task ``OnFailure``: a worker
+    restarts in place and rejoins from the current values; a PS or input task
+    restarts in place at the same address (a restarted PS starts empty until
+    the durable PS lands). ``OnFailure`` Jobs allow :data:`RESTART_LIMIT`
+    restarts. ``launch.job_timeout_s`` becomes every Job's
+    ``activeDeadlineSeconds``.
+
+    Args:
+        config: The job. Counts and addresses in its cluster are replaced by
+            pod DNS names (:func:`kubernetes_config`).
+        image: Container image with Python, tfdist and the script.
+        script: The training script's path inside the image (relative to its
+            working directory). Defaults to ``None``: chief, worker and
+            evaluator pods run the image's own entrypoint (with the same
+            environment).
+        script_args: The script's arguments.
+        namespace: Namespace of every object. Defaults to ``"default"``.
+        port: The port every task listens on. Defaults to :data:`DEFAULT_PORT`.
+        checkpoint_claim: PersistentVolumeClaim mounted at
+            :data:`CHECKPOINT_MOUNT_PATH` on PS pods and the chief's. Defaults
+            to ``<name>-checkpoints``.
+        checkpoint_volume: Mount the checkpoint claim at all. Defaults to ``True``.
+
+    Returns:
+        ``[Service, Job, ...]``, the Jobs in the order ps, input, chief, worker, evaluator.
+
+    Raises:
+        ConfigError: a bad job name, image, script, namespace, port or claim
+            name, or an elastic job.
+    """
+    addressed = kubernetes_config(config, port)  # the job name first: every other name derives from it
+    opts = _options(config, image, script, script_args, namespace, port, checkpoint_claim, checkpoint_volume)
+    labels = {_LABEL_JOB: config.name}
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(config, config.name, namespace, labels),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": dict(labels),
+            "ports": [{"name": _PORT_NAME, "port": port, "targetPort": port}],
+        },
+    }
+    docs = [service]
+    chief_task = TaskSpec("chief", 0) if config.cluster.chief else TaskSpec("worker", 0)
+    for task in _tasks(addressed):
+        host = task_host(config, task)
+        plays_chief = task == chief_task
+        policy = "Never" if plays_chief else "OnFailure"
+        pod_labels = {**labels, _LABEL_TYPE: task.job, _LABEL_INDEX: str(task.index)}
+        pod = _pod_spec(addressed, task, opts, container="tfdist", port_name=_PORT_NAME, with_tf_config=True,
+                        saves=plays_chief, restart_policy=policy)
+        pod = {"hostname": host, "subdomain": config.name, **pod}
+        docs.append({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": _metadata(config, host, namespace, pod_labels),
+            "spec": {
+                "backoffLimit": 0 if policy == "Never" else RESTART_LIMIT,
+                **_deadline(config),
+                "template": {"metadata": {"labels": pod_labels}, "spec": pod},
+            },
+        })
+    return docs
+
+
+def kubeflow_tfjob(
+    config: JobConfig,
+    image: str,
+    script: str | None = None,
+    script_args: Sequence[str] = (),
+    *,
+    namespace: str = "default",
+    port: int = DEFAULT_PORT,
+    checkpoint_claim: str | None = None,
+    checkpoint_volume: bool = True,
+) -> dict[str, Any]:
+    """A Kubeflow ``TFJob`` (``kubeflow.org/v1``; the training operator runs it).
+
+    One replica spec per job type (``Chief``, ``Worker``, ``PS``,
+    ``Evaluator``) with the config's task counts. The operator creates a pod
+    and a Service per replica and writes each pod's ``TF_CONFIG`` itself: the
+    addresses of :func:`kubeflow_config` (the port from the container's
+    ``tfjob-port``). Each pod also gets ``TFDIST_CONFIG`` of that config and
+    the token from the Secret ``<name>-token``.
+
+    Restart policies: ``Chief`` ``Never`` (its failure fails the TFJob, and
+    ``cleanPodPolicy: Running`` removes the other pods); ``Worker``, ``PS``
+    and ``Evaluator`` ``OnFailure``, at most :data:`RESTART_LIMIT` restarts in
+    all (``runPolicy.backoffLimit``). Workers share one pod template, so
+    without a chief worker 0 restarts like the others: give the config a
+    chief. The TFJob succeeds when the chief (else worker 0) does.
+    ``launch.job_timeout_s`` becomes ``runPolicy.activeDeadlineSeconds``.
+
+    Args:
+        config: The job. Counts and addresses in its cluster are replaced by
+            the operator's addresses (:func:`kubeflow_config`).
+        image: Container image with Python, tfdist and the script.
+        script: The training script's path inside the image. Defaults to
+            ``None``: chief, worker and evaluator pods run the image's own
+            entrypoint (with the same environment).
+        script_args: The script's arguments.
+        namespace: Namespace of the TFJob (it is part of every address).
+            Defaults to ``"default"``.
+        port: The port every task listens on. Defaults to :data:`DEFAULT_PORT`.
+        checkpoint_claim: PersistentVolumeClaim mounted at
+            :data:`CHECKPOINT_MOUNT_PATH` on the PS pods and the chief's (every
+            worker's when there is no chief). Defaults to ``<name>-checkpoints``.
+        checkpoint_volume: Mount the checkpoint claim at all. Defaults to ``True``.
+
+    Raises:
+        ConfigError: a bad job name, image, script, namespace, port or claim
+            name; an elastic job; input tasks.
+    """
+    addressed = kubeflow_config(config, namespace, port)  # the job name first: every other name derives from it
+    opts = _options(config, image, script, script_args, namespace, port, checkpoint_claim, checkpoint_volume)
+    labels = {_LABEL_JOB: config.name}
+    replicas = {}
+    for job, replica_type in KUBEFLOW_REPLICA_TYPES.items():
+        count = len(getattr(addressed.cluster, job))
+        if not count:
+            continue
+        policy = "Never" if job == "chief" else "OnFailure"
+        # TF_CONFIG comes from the operator; the rest of the environment is the same for every index.
+        pod = _pod_spec(addressed, TaskSpec(job, 0), opts, container=_KUBEFLOW_CONTAINER,
+                        port_name=_KUBEFLOW_PORT_NAME, with_tf_config=False, saves=_saves(config, job),
+                        restart_policy=policy)
+        del pod["restartPolicy"]  # a replica spec field in a TFJob
+        replicas[replica_type] = {
+            "replicas": count,
+            "restartPolicy": policy,
+            "template": {"metadata": {"labels": {**labels, _LABEL_TYPE: job}}, "spec": pod},
+        }
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": _metadata(config, config.name, namespace, labels),
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": RESTART_LIMIT, **_deadline(config)},
+            "tfReplicaSpecs": replicas,
+        },
+    }
+
+
+def token_secret(config: JobConfig, namespace: str = "default", token: str | None = None) -> dict[str, Any]:
+    """The Secret ``<name>-token`` the pods read the job token from.
+
+    Args:
+        config: The job.
+        namespace: Its namespace. Defaults to ``"default"``.
+        token: The token. Defaults to 64 random hex digits.
+
+    Raises:
+        ConfigError: ``token`` is shorter than 8 characters.
+    """
+    check_job_name(config)
+    _check_namespace(namespace)
+    if token is None:
+        token = secrets.token_hex(32)
+    if not isinstance(token, str) or len(token) < 8:
+        raise ConfigError("Invalid job token: it must be a string of at least 8 characters (value not shown). "
+                          "Leave it out for a random one.")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(config, token_secret_name(config), namespace, {_LABEL_JOB: config.name}),
+        "type": "Opaque",
+        "stringData": {TOKEN_SECRET_KEY: token},
+    }
+
+
+def prerequisites(config: JobConfig, namespace: str = "default", *, checkpoint_claim: str | None = None,
+                  checkpoint_volume: bool = True, token_secret_included: bool = False) -> list[str]:
+    """What must exist in the namespace before the manifests are applied, as comment lines.
+
+    Args:
+        config: The job.
+        namespace: Its namespace. Defaults to ``"default"``.
+        checkpoint_claim: The checkpoint claim's name. Defaults to ``<name>-checkpoints``.
+        checkpoint_volume: Whether the manifests mount it. Defaults to ``True``.
+        token_secret_included: The token Secret is among the manifests.
+            Defaults to ``False`` (say how to create it).
+    """
+    ns = f" -n {namespace}"
+    lines = [f"tfdist job {config.name!r}. Apply: kubectl apply{ns} -f FILE. Remove: kubectl delete{ns} -f FILE."]
+    if not token_secret_included:
+        lines.append(f"Create the job token first: kubectl create secret generic {token_secret_name(config)}{ns} "
+                     f'--from-literal={TOKEN_SECRET_KEY}="$(openssl rand -hex 32)"')
+    if config.security.tls:
+        files = " ".join(f"--from-file={key}={getattr(config.security, name)}" for name, key in TLS_SECRET_KEYS.items())
+        lines.append(f"Create the TLS Secret first: kubectl create secret generic {tls_secret_name(config)}{ns} "
+                     + files)
+    if checkpoint_volume:
+        claim = checkpoint_claim or checkpoint_claim_name(config)
+        lines.append(f"The PersistentVolumeClaim {claim!r} must exist (ReadWriteMany when the PS pods and the "
+                     f"chief may land on different nodes); it is mounted at {CHECKPOINT_MOUNT_PATH}.")
+    return lines
+
+
+def dump_yaml(docs: Mapping[str, Any] | Sequence[Mapping[str, Any]], comment: Sequence[str] = ()) -> str:
+    """Multi-document YAML (``---`` before each document) for ``kubectl apply -f``.
+
+    Args:
+        docs: One manifest or a list of them.
+        comment: Lines written first, each as a ``# `` comment.
+    """
+    import yaml
+
+    if isinstance(docs, Mapping):
+        docs = [docs]
+    header = "".join(f"# {line}\n" for line in comment)
+    body = yaml.safe_dump_all([dict(d) for d in docs], explicit_start=True, sort_keys=False,
+                              default_flow_style=False, width=1 << 16)
+    return header + body
