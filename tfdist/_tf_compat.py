@@ -46,8 +46,17 @@ __all__ = [
     "StrategyBase",
     "context_initialized",
     "enable_collective_group",
+    "in_xla_compilation",
     "keras_tensorflow_trainer",
 ]
+
+
+def in_xla_compilation() -> bool:
+    """Whether the function being traced now is compiled with XLA (``jit_compile=True``)."""
+    from tensorflow.python.framework import ops
+    from tensorflow.python.ops import control_flow_util
+
+    return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
 
 
 def keras_tensorflow_trainer():

@@ -20,6 +20,7 @@ Two exchange paths share this interface (DESIGN.md §4.1):
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -102,6 +103,12 @@ class ConsistencyPolicy:
     name = "base"
     #: ``"update"`` or ``"gradient"``: which exchange path workers use.
     path = "update"
+    #: Update path: workers pull fresh values with every push (ASP) instead of
+    #: only when the staleness bound needs them.
+    refresh_every_step: bool = False
+    #: Update path: the bound ``s`` on how far a worker may run ahead of the
+    #: slowest (``math.inf``: never wait).
+    staleness: float = math.inf
 
     # ----------------------------------------------------------- update path
     def on_push(self, worker: int, clock: int, ctx: PolicyContext) -> PushDecision:

@@ -324,6 +324,10 @@ class WorkerSession:
         self._note(replies)
         return values
 
+    def flush(self) -> dict[str, np.ndarray] | None:
+        """Waits for an exchange still in flight (none on this path); returns its corrections."""
+        return None
+
     def set_excluded(self, excluded) -> None:
         """Tells every PS task which detected stragglers barriers should not wait for."""
         request = SetExcludedRequest(self.worker_id, frozenset(int(w) for w in excluded))

@@ -35,9 +35,10 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfdist._tf_compat import OneDeviceExtended, StrategyBase
+from tfdist._tf_compat import OneDeviceExtended, StrategyBase, in_xla_compilation
 from tfdist.collective import DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup, get_worker_group
 from tfdist.data.symbolic_build import build_from_element_spec
+from tfdist.errors import ConfigError
 from tfdist.straggler.membership import Participation, ParticipationEngine
 from tfdist.testing.slowdown import ENV_SLOWDOWN, Slowdown, slowdown_from_env
 
@@ -217,6 +218,12 @@ class AllReduceExtended(OneDeviceExtended):
         return super()._update(var, fn, args, kwargs, group)
 
     def _call_for_each_replica(self, fn, args, kwargs):
+        if in_xla_compilation():
+            raise ConfigError(
+                "AllReduceStrategy cannot run a step compiled with XLA: it decides membership in a "
+                "tf.py_function, which XLA cannot compile. Received: model.compile(..., jit_compile=True). "
+                "Compile with jit_compile=False (or leave it at 'auto')."
+            )
         runtime = self._runtime
         trace = {"training": False}  # known once fn has been traced; read when the step runs
         member = tf.py_function(lambda: runtime.begin_step(trace["training"]), [], tf.bool,

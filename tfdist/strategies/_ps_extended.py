@@ -1,0 +1,92 @@
+"""``ParameterServerExtended``: the ``tf.distribute`` hooks of the parameter-server strategies, and nothing else.
+
+Built as TF's ``ParameterServerStrategyV2`` / ``…Extended`` pair: the public
+strategy (``parameter_server.py``) is a thin shell, this object sees what
+Keras does (DESIGN.md §1) and hands every decision to the runtime of the
+job's exchange path (``_ps_runtime.py``):
+
+* ``_create_variable``: every variable; the runtime keeps the ones it wants
+  on the parameter servers (round-robin placement happens at the first step);
+* ``_batch_reduce_to``: the gradient all-reduce of a training step (the
+  gradient path exchanges here; the update path reduces locally);
+* ``_update``: the optimizer applying a gradient to a variable (how the
+  gradient path matches exchanged gradients to variables);
+* ``_call_for_each_replica``: one step; a ``tf.py_function`` runs the
+  runtime's ``begin_step`` before it, and a training step ends with the
+  runtime's end-of-step (its statistics join the Keras logs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist._tf_compat import OneDeviceExtended, in_xla_compilation
+from tfdist.errors import ConfigError
+from tfdist.strategies._ps_runtime import STAT_NAMES, PSRuntime
+
+__all__ = ["ParameterServerExtended"]
+
+
+class ParameterServerExtended(OneDeviceExtended):
+    """Hooks that route variables and steps through the parameter servers."""
+
+    def __init__(self, container_strategy, runtime: PSRuntime, device: str = "/cpu:0"):
+        super().__init__(container_strategy, device)
+        self._runtime = runtime
+        self._tracing_training_step = False
+
+    @property
+    def _num_replicas_in_sync(self):
+        return self._runtime.num_replicas
+
+    def _create_variable(self, next_creator, **kwargs):
+        name = str(kwargs.get("name") or "")
+        on_ps = self._runtime.wants(name, kwargs)
+        var = super()._create_variable(next_creator, **kwargs)
+        if on_ps:
+            self._runtime.register(var, name, kwargs)
+        return var
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        self._tracing_training_step = True
+        reduced = self._runtime.reduce_gradients([v for v, _ in value_destination_pairs])
+        if reduced is None:
+            return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
+        return reduced
+
+    def _update(self, var, fn, args, kwargs, group):
+        self._tracing_training_step = True
+        if args:
+            self._runtime.note_update(var)
+        return super()._update(var, fn, args, kwargs, group)
+
+    def _call_for_each_replica(self, fn, args, kwargs):
+        if in_xla_compilation():
+            raise ConfigError(
+                f"{type(self._container_strategy()).__name__} cannot run a step compiled with XLA: it exchanges "
+                "with the parameter servers through tf.py_function, which XLA cannot compile. Received: "
+                "model.compile(..., jit_compile=True). Compile with jit_compile=False (or leave it at 'auto')."
+            )
+        runtime = self._runtime
+        trace = {"training": False}  # known once fn is traced; read when the step runs
+
+        def begin():
+            runtime.begin_step(trace["training"])
+            return np.int64(0)
+
+        began = tf.py_function(begin, [], tf.int64, name="tfdist_begin_step")
+        self._tracing_training_step = False
+        with tf.control_dependencies([began]):
+            result = super()._call_for_each_replica(fn, args, kwargs)
+        runtime.end_of_step_done_tracing()
+        trace["training"] = self._tracing_training_step
+        if not (trace["training"] and runtime.variables):
+            return result
+        stats = runtime.build_end_of_step(result)
+        if isinstance(result, dict):
+            result = dict(result)
+            stats = tf.ensure_shape(stats, [len(STAT_NAMES)])
+            for i, name in enumerate(STAT_NAMES):
+                result[name] = stats[i]
+        return result

@@ -1,0 +1,599 @@
+"""What a parameter-server worker does around each Keras step, one runtime per exchange path.
+
+:class:`ParameterServerExtended` (the graph hooks, ``_ps_extended.py``) calls
+a runtime while Keras traces a step and, through ``tf.py_function``, while
+the step runs. The runtime is chosen once, from the consistency policy's
+path (:func:`make_runtime`):
+
+* :class:`UpdatePathRuntime` — ASP, SSP, DTSSP: after a training step the
+  worker pushes its *update* (an additive delta); ASP also pulls, either in
+  the step (blocking) or in the background while the next step computes
+  (overlapped), the choice made once at construction.
+* :class:`GradientPathRuntime` — BSP, SyncReplicas: the gradients are
+  exchanged inside the step (the all-reduce hook) and every worker applies
+  the step's aggregate; the state snapshot is uploaded or reloaded at its end.
+
+Both share :class:`PSRuntime`: the variables (:class:`VariableRegistry`, the
+one writer of fresh values into them), the worker's session with the PS
+(which owns clock, staleness, statistics and membership flags), warm-up,
+slow-down injection and the worker's lifecycle (leave, rejoin, close).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist import constants
+from tfdist.config import JobConfig, TaskSpec
+from tfdist.consistency import ConsistencyPolicy, policy_from_spec
+from tfdist.errors import ClusterError, PSUnavailableError
+from tfdist.ps.client import PSClient
+from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
+from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
+from tfdist.testing.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
+
+__all__ = ["PSRuntime", "UpdatePathRuntime", "GradientPathRuntime", "VariableRegistry", "make_runtime",
+           "STAT_NAMES", "default_variable_filter"]
+
+logger = logging.getLogger(__name__)
+
+#: Names of the per-step exchange counters added to Keras logs (History, TensorBoard).
+STAT_NAMES = ("ps_step", "ps_dropped", "ps_waits", "ps_staleness", "ps_refreshes")
+
+_PS_AGGREGATIONS = (tf.VariableAggregation.NONE, tf.VariableAggregation.MEAN)
+_OPTIMIZER_AGGREGATION = tf.VariableAggregation.ONLY_FIRST_REPLICA
+
+
+def default_variable_filter(name: str, kwargs: Mapping[str, Any]) -> bool:
+    """True for model variables, which belong on the parameter servers.
+
+    Model weights and non-trainable layer state (BatchNorm moving statistics)
+    go to the PS. Optimizer slots (created with ``colocate_with``), optimizer
+    counters and learning rates (``ONLY_FIRST_REPLICA``), metric accumulators
+    (``SUM``), random-seed state and integer variables are not model
+    variables (on the gradient path the optimizer's variables also go to the
+    PS, as part of the state snapshot; see :func:`_is_optimizer_variable`).
+    """
+    if kwargs.get("colocate_with") is not None:
+        return False
+    aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
+    if aggregation not in _PS_AGGREGATIONS:
+        return False
+    if "seed_generator" in name:
+        return False
+    return True
+
+
+def _is_optimizer_variable(name: str, kwargs: Mapping[str, Any]) -> bool:
+    """Optimizer slots, step counter and learning rate (not metrics, not seeds)."""
+    if "seed_generator" in name:
+        return False
+    return kwargs.get("colocate_with") is not None or kwargs.get("aggregation") == _OPTIMIZER_AGGREGATION
+
+
+def _numpy_dtype_name(dtype: tf.DType) -> str:
+    return "bfloat16" if dtype == tf.bfloat16 else np.dtype(dtype.as_numpy_dtype).name
+
+
+class VariableRegistry:
+    """The variables kept on the parameter servers, in creation order, and the one way values reach them.
+
+    Every write of PS values into the local variables goes through
+    :meth:`assign` (pulls, resyncs, the blocking exchange) or :meth:`add`
+    (the overlapped exchange's corrections), eagerly: from inside a step's
+    ``tf.py_function`` or from the caller's thread.
+    """
+
+    def __init__(self):
+        self.variables: list[tf.Variable] = []
+        self.specs: list[VariableSpec] = []
+        self._keys_by_var: dict[int, str] = {}
+        #: Names of variables created after the PS was initialised (they stay local).
+        self.late: list[str] = []
+
+    def register(self, var: tf.Variable, trainable: bool, frozen: bool) -> None:
+        """Adds ``var`` (unless ``frozen``: the PS already holds the job's variables)."""
+        name = var.name.split(":")[0]
+        if frozen:
+            self.late.append(name)
+            logger.warning(
+                "variable %r was created after the parameter servers were initialised; it stays local "
+                "to this worker (create every model variable before the first fit/evaluate/predict step)",
+                name,
+            )
+            return
+        key = f"{len(self.variables):04d}/{name}"
+        self.variables.append(var)
+        self._keys_by_var[id(var)] = key
+        self.specs.append(VariableSpec(key, _numpy_dtype_name(var.dtype), tuple(var.shape.as_list()),
+                                       bool(var.trainable) and trainable))
+
+    def key_of(self, var) -> str | None:
+        return self._keys_by_var.get(id(var))
+
+    def values(self) -> dict[str, np.ndarray]:
+        """The local values, keyed (copies)."""
+        return {s.key: v.numpy() for s, v in zip(self.specs, self.variables)}
+
+    def keyed(self, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """Arrays in variable order, keyed."""
+        return {s.key: a for s, a in zip(self.specs, arrays)}
+
+    def assign(self, values: Mapping[str, np.ndarray]) -> None:
+        """Writes fresh values into the local variables."""
+        for spec, var in zip(self.specs, self.variables):
+            var.assign(values[spec.key])
+
+    def add(self, corrections: Mapping[str, np.ndarray]) -> None:
+        """Adds ``corrections`` (variable key → array; missing keys: nothing to add)."""
+        for spec, var in zip(self.specs, self.variables):
+            correction = corrections.get(spec.key)
+            if correction is not None:
+                var.assign_add(correction)
+
+
+class PSRuntime:
+    """Per-process state shared by the strategy and its extended object (one exchange path).
+
+    Subclasses implement the path: :meth:`_new_session`, :meth:`_begin_training`,
+    :meth:`build_end_of_step` and :meth:`step_stats`, and may hook gradient
+    reduction (:meth:`reduce_gradients`, :meth:`note_update`).
+    """
+
+    #: Replicas Keras divides the loss by (see DESIGN.md §1: it sets the effective learning rate).
+    num_replicas = 1
+
+    def __init__(self, config: JobConfig, task: TaskSpec, token: str | None, variable_filter,
+                 policy: ConsistencyPolicy):
+        self.config = config
+        self.task = task
+        self.token = token
+        self.variable_filter = variable_filter
+        self.policy = policy
+        self.policy_spec = policy.spec()
+        self.worker_id = config.cluster.worker_id(task.job, task.index) if task.job in ("chief", "worker") else -1
+        self.is_chief = self.worker_id == 0
+        self.registry = VariableRegistry()
+        self.session: WorkerSession | None = None
+        self.plan: PlacementPlan | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._left = False
+        #: Seconds the current/last training step spent blocked on the PS (waits, transfers).
+        self.step_wait_s = 0.0
+        # Elastic join: train this many batches locally (build, trace, warm caches) before joining the job.
+        # The engine sets the variable for the workers it starts; a worker started by hand (--task) into
+        # an elastic job's spare slot warms up as the config says.
+        default = (config.elastic.warmup_batches
+                   if config.elastic.enabled and self.worker_id >= config.starting_workers else 0)
+        warmup = int(os.environ.get(constants.ENV_WARMUP_BATCHES, str(default)) or 0)
+        self.warmup_left = warmup if self.worker_id > 0 else 0
+        self.in_warmup = False
+        self._warmup_started: float | None = None
+        #: While a side-car evaluation round runs: evaluate/predict use the round's snapshot, no pull per step.
+        self.hold_values = False
+        slowdown = slowdown_from_env(str(task))
+        self.slowdown = StepSlowdown(slowdown) if slowdown else None
+        if slowdown:
+            logger.warning("task %s is slowed down on purpose (%s): %s", task, ENV_SLOWDOWN, slowdown)
+
+    # -------------------------------------------------------------- variables
+    @property
+    def variables(self) -> list[tf.Variable]:
+        return self.registry.variables
+
+    @property
+    def specs(self) -> list[VariableSpec]:
+        return self.registry.specs
+
+    def wants(self, name: str, kwargs: Mapping[str, Any]) -> bool:
+        """Whether a variable being created goes to the PS."""
+        return self.variable_filter(name, kwargs)
+
+    def register(self, var: tf.Variable, name: str, kwargs: Mapping[str, Any]) -> None:
+        """Registers a variable :meth:`wants` (model variables must be floating point)."""
+        model_variable = self.variable_filter(name, kwargs)
+        if model_variable and not var.dtype.is_floating:
+            return
+        self.registry.register(var, model_variable, frozen=self.session is not None)
+
+    def key_of(self, var) -> str | None:
+        return self.registry.key_of(var)
+
+    def make_plan(self) -> PlacementPlan:
+        placement = make_placement(self.config.ps.placement, self.config.ps.partition_threshold_bytes)
+        return placement.place(self.specs, len(self.config.cluster.ps))
+
+    # ----------------------------------------------------------------- session
+    def ensure_session(self) -> WorkerSession:
+        with self._lock:
+            if self.session is not None:
+                return self.session
+            self.plan = self.make_plan()
+            logger.info(
+                "worker %d: %d variables on %d PS task(s), placement=%s, consistency=%s:\n%s",
+                self.worker_id, len(self.specs), self.plan.num_ps, self.config.ps.placement, self.policy_spec,
+                self.plan.describe(self.specs),
+            )
+            client = PSClient(
+                self.config.cluster.ps,
+                self.token,
+                rpc_timeout_s=self.config.ps.rpc_timeout_s,
+                max_message_bytes=self.config.ps.max_message_bytes,
+                tls_ca=self.config.security.tls_ca,
+                tune_malloc=self.config.ps.tune_malloc,
+            )
+            session = self._new_session(
+                client, self.specs, self.plan, self.worker_id, self.is_chief,
+                startup_timeout_s=self.config.ps.startup_timeout_s,
+                heartbeat_interval_s=self.config.ps.heartbeat_interval_s if self.worker_id >= 0 else None,
+                policy_spec=self.policy_spec,
+                num_workers=self.config.starting_workers,
+                nonfinite=self.config.ps.nonfinite,
+            )
+            values = session.initialize(self.registry.values() if self.is_chief else {})
+            if values is not None:
+                self.registry.assign(values)
+            self.session = session
+            return session
+
+    def _new_session(self, *args, **kwargs) -> WorkerSession:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------- steps
+    def _require_training_task(self) -> None:
+        if self.worker_id < 0:
+            raise ClusterError(f"Task {self.task} is not a training task: it may evaluate and predict, not fit.")
+
+    def begin_step(self, training: bool) -> None:
+        """Runs (in a py_function) before every step: warm-up, joining, pulls, the policy's refresh."""
+        if training and self.slowdown is not None:
+            self.slowdown.at_step_start()
+        self.in_warmup = False
+        if training and self.warmup_left > 0 and self.session is None:
+            if self._warmup_started is None:
+                self._warmup_started = time.perf_counter()
+                logger.info("worker %d: warming up on %d local batch(es) before joining the job",
+                            self.worker_id, self.warmup_left)
+            self.warmup_left -= 1
+            self.in_warmup = True
+            return
+        if self._warmup_started is not None:
+            logger.info("worker %d: warmed up in %.2f s; joining (pulling parameters from %d PS task(s))",
+                        self.worker_id, time.perf_counter() - self._warmup_started, len(self.config.cluster.ps))
+            self._warmup_started = None
+        session = self.ensure_session()
+        if training and self._left:
+            self.rejoin()
+        if not training or self.worker_id < 0:
+            if not self.hold_values:
+                self._refresh_for_reading(session)
+            return
+        self.step_wait_s = 0.0
+        with self._blocked():
+            values = session.begin()
+        if values is not None:
+            self.registry.assign(values)
+
+    def _refresh_for_reading(self, session: WorkerSession) -> None:
+        """Before an evaluate/predict step (or on an evaluator): the job's freshest values."""
+        self.flush_local_steps()
+        self.registry.assign(session.pull(as_reader=self._left or self.worker_id < 0))
+
+    def flush_local_steps(self) -> None:
+        """Sends local steps the exchange held back (update path with ``exchange_every``)."""
+
+    @contextlib.contextmanager
+    def _blocked(self):
+        """Adds the duration of the block to ``step_wait_s``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.step_wait_s += time.perf_counter() - start
+
+    def reduce_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor] | None:
+        """Graph hook of the gradient all-reduce; ``None``: the default (local) reduction."""
+        return None
+
+    def note_update(self, var) -> None:
+        """Graph hook: the optimizer applies a gradient to ``var`` (in gradient order)."""
+
+    def end_of_step_done_tracing(self) -> None:
+        """Graph hook: the step's function is traced."""
+
+    def build_end_of_step(self, result) -> tf.Tensor:
+        """Builds the end of a training step (after Keras's train step); returns its stats tensor."""
+        raise NotImplementedError
+
+    def step_stats(self) -> np.ndarray:
+        """``[step, dropped, waits, staleness or -1, refreshes or resyncs]`` for Keras logs."""
+        raise NotImplementedError
+
+    # --------------------------------------------------------------- lifecycle
+    def stop_reason(self) -> str | None:
+        """``"leave"`` (drained by the engine), ``"job_done"``, or ``None`` to keep training."""
+        session = self.session
+        if session is None:
+            return None
+        if session.job_done:
+            return "job_done"
+        if session.leave_requested:
+            return "leave"
+        return None
+
+    def leave(self) -> None:
+        """Stops taking part in training (graceful): barriers stop waiting for this worker; reads still work.
+
+        The last local steps and any update in flight are sent first. Then
+        the worker stops heart-beating and reads like an evaluator (no worker
+        id), so no PS task counts it as live any more:
+
+        * elastic jobs (``elastic.enabled``): the worker also says ``Done``,
+          and barriers stop waiting for it at once; the PS tasks keep serving
+          (the launcher or engine stops them);
+        * other jobs: a PS task exits once every worker said ``Done``, so a
+          worker that may still evaluate does not say it here (it does when
+          its process ends, or on :meth:`close`). Barriers stop waiting for
+          it when its silence reaches ``ps.heartbeat_timeout_s``.
+
+        A later training step takes the worker back into the job (:meth:`rejoin`).
+        """
+        if self._left or self.session is None or self.worker_id < 0:
+            return
+        try:
+            self.flush_local_steps()
+        except Exception as e:
+            logger.warning("worker %d: could not send its last local step(s): %s", self.worker_id, e)
+        self._left = True
+        try:
+            self.session.flush()  # an update in flight lands before this worker stops counting
+            if self.config.elastic.enabled:
+                self.session.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0)
+        except Exception as e:  # leaving is best effort: heart-beat silence has the same effect
+            logger.warning("worker %d: could not tell the PS it leaves: %s", self.worker_id, e)
+        self.session.stop_heartbeat()
+        if self.config.elastic.enabled:
+            logger.info("worker %d left the job", self.worker_id)
+        else:
+            logger.info("worker %d left training; the others stop waiting for it within %g s "
+                        "(ps.heartbeat_timeout_s)", self.worker_id, self.config.ps.heartbeat_timeout_s)
+
+    def rejoin(self) -> None:
+        """Takes part in training again after :meth:`leave` (a later ``fit``)."""
+        if not self._left or self.session is None:
+            return
+        self.session.rejoin()
+        self._left = False
+        logger.info("worker %d takes part in training again", self.worker_id)
+
+    def evaluation_rounds(self, interval_s: float) -> Iterator[int]:
+        """Side-car evaluation: see :meth:`ParameterServerStrategy.evaluation_rounds`."""
+        session = self.ensure_session()
+        num_workers = self.config.starting_workers
+        last = None
+        while True:
+            try:
+                statuses = [meta for _, (meta, _) in
+                            sorted(session.client.call_all("Status", {"brief": True}).items())]
+            except PSUnavailableError as e:
+                logger.info("task %s: the parameter servers have ended (the job is over): %s", self.task, e)
+                return
+            if any(len(st.get("done_workers", ())) >= num_workers for st in statuses):
+                logger.info("task %s: every training worker is done", self.task)
+                return
+            version = tuple(st.get("version", 0) for st in statuses)
+            if version != last:
+                try:
+                    self.registry.assign(session.pull(as_reader=True))
+                except PSUnavailableError as e:
+                    logger.info("task %s: the parameter servers have ended (the job is over): %s", self.task, e)
+                    return
+                last = version
+                self.hold_values = True
+                try:
+                    yield sum(version)
+                finally:
+                    self.hold_values = False
+            time.sleep(interval_s)
+
+    def close(self, done: bool = True) -> None:
+        """Sends what is unsent, says ``Done`` (training tasks) and closes the connections (idempotent).
+
+        Safe at interpreter exit: no call here needs a new thread.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self.session is not None:
+            try:
+                self.flush_local_steps()
+            except Exception as e:  # closing goes on: the PS keeps what it has
+                logger.warning("worker %d: could not send its last local step(s): %s", self.worker_id, e)
+            self.session.close(done=done and self.worker_id >= 0)
+
+
+def _loss_input(result) -> tuple[tf.Tensor, bool]:
+    """The step's scalar loss as a float32 input of the end-of-step py_function (0 when there is none)."""
+    loss = result.get("loss") if isinstance(result, dict) else None
+    if loss is None:
+        return tf.constant(0.0), False
+    return tf.cast(tf.reshape(loss, []), tf.float32), True
+
+
+class UpdatePathRuntime(PSRuntime):
+    """ASP, SSP, DTSSP: push the step's update after it; pull as the policy needs.
+
+    ASP (an infinite bound, a refresh every step) may overlap the exchange
+    with the next step (``strategy.overlap_exchange``) and exchange every
+    k-th step (``strategy.exchange_every``); both are decided once here.
+    """
+
+    def __init__(self, config, task, token, variable_filter, policy):
+        super().__init__(config, task, token, variable_filter, policy)
+        # Only pure ASP may overlap or hold steps back: SSP's read guarantee needs every reply in time.
+        asp = policy.refresh_every_step and policy.staleness == float("inf")
+        self.overlap = asp and config.strategy.overlap_exchange
+        #: ASP: exchange after every k-th step; the steps in between stay local (``strategy.exchange_every``).
+        self.exchange_every = config.strategy.exchange_every if asp else 1
+        self._unsent_steps = 0
+        self._send: Callable[[dict, float | None, int], None] = (
+            self._send_overlapped if self.overlap else self._send_blocking)
+
+    def _new_session(self, *args, **kwargs) -> WorkerSession:
+        return UpdateSession(*args, staleness=self.policy.staleness,
+                             refresh_every_step=self.policy.refresh_every_step, **kwargs)
+
+    def build_end_of_step(self, result) -> tf.Tensor:
+        loss, has_loss = _loss_input(result)
+        inputs = [v.read_value() for v in self.variables] + [loss]
+
+        def end(*tensors):
+            self.end_step([np.asarray(t) for t in tensors[:-1]], float(tensors[-1].numpy()) if has_loss else None)
+            return self.step_stats()
+
+        # Fresh values go into the variables inside the py_function (VariableRegistry): it returns
+        # only the statistics, so no per-variable output is converted for nothing.
+        return tf.py_function(end, inputs, tf.float32, name="tfdist_end_update_step")
+
+    def end_step(self, current: list[np.ndarray], loss: float | None) -> None:
+        """After a training step: count it, and send it (and earlier held-back ones) when it is time."""
+        self._require_training_task()
+        if self.in_warmup:  # not part of the job yet: keep the local update, send nothing
+            return
+        self._unsent_steps += 1
+        if self._unsent_steps < self.exchange_every:  # exchange_every: this step stays local
+            return
+        steps, self._unsent_steps = self._unsent_steps, 0
+        with self._blocked():
+            self._send(self.registry.keyed(current), loss, steps)
+
+    def _send_blocking(self, current: dict, loss: float | None, steps: int) -> None:
+        values = self.session.end(current, loss, steps=steps)
+        if values is not None:
+            self.registry.assign(values)
+
+    def _send_overlapped(self, current: dict, loss: float | None, steps: int) -> None:
+        corrections = self.session.end_overlapped(current, loss, steps=steps)
+        if corrections:
+            self.registry.add(corrections)
+
+    def flush_local_steps(self) -> None:
+        """Sends the local steps an ``exchange_every`` > 1 has held back, and loads fresh values."""
+        if not self._unsent_steps or self.session is None or self.worker_id < 0 or self._left:
+            return
+        steps, self._unsent_steps = self._unsent_steps, 0
+        self._send_blocking(self.registry.values(), None, steps)  # waits for any exchange in flight first
+
+    def step_stats(self) -> np.ndarray:
+        session = self.session
+        if session is None:
+            return np.array([0, 0, 0, -1, 0], np.float32)
+        st, s = session.stats, session.staleness
+        return np.array([session.clock, 0, st["waits"], -1 if s == float("inf") else s, st["refreshes"]],
+                        np.float32)
+
+
+class GradientPathRuntime(PSRuntime):
+    """BSP, SyncReplicas: gradients are exchanged inside the step; every worker applies the aggregate.
+
+    The optimizer's variables travel too (the state snapshot a lagging
+    worker reloads), so :meth:`wants` takes them.
+    """
+
+    def __init__(self, config, task, token, variable_filter, policy):
+        super().__init__(config, task, token, variable_filter, policy)
+        self.num_replicas = policy.aggregation_size()
+        # While a step traces: the keys of the pending exchange (filled as the optimizer's
+        # updates trace, in gradient order) and the gradients' shapes.
+        self._pending: tuple[list[str | None], list[tf.TensorShape]] | None = None
+
+    def _new_session(self, *args, **kwargs) -> WorkerSession:
+        return GradientSession(*args, **kwargs)
+
+    def wants(self, name: str, kwargs: Mapping[str, Any]) -> bool:
+        return self.variable_filter(name, kwargs) or _is_optimizer_variable(name, kwargs)
+
+    def reduce_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices travel dense
+        keys: list[str | None] = [None] * len(dense)  # filled while the optimizer's updates trace
+
+        def exchange(*tensors):
+            return self.exchange_gradients(keys, [np.asarray(g) for g in tensors])
+
+        out = tf.py_function(exchange, dense, [d.dtype for d in dense], name="tfdist_exchange_gradients")
+        out = [tf.ensure_shape(o, d.shape) for o, d in zip(out, dense)]
+        # TF wraps all-reduce results in a custom-gradient identity, so the tensors the optimizer's
+        # updates receive are not these: Keras applies the reduced gradients in list order, which is
+        # how note_update matches them.
+        self._pending = (keys, [d.shape for d in dense])
+        return out
+
+    def note_update(self, var) -> None:
+        if self._pending is None:
+            return
+        keys, shapes = self._pending
+        i = next((j for j, k in enumerate(keys) if k is None), None)
+        if i is not None and shapes[i].is_compatible_with(var.shape):
+            keys[i] = self.key_of(var)
+        elif i is not None:
+            logger.warning("gradient %d (shape %s) does not match variable %s %s; it stays local",
+                           i, shapes[i], var.name, var.shape)
+
+    def end_of_step_done_tracing(self) -> None:
+        self._pending = None
+
+    def _refresh_for_reading(self, session: WorkerSession) -> None:
+        if self.worker_id < 0:  # an evaluator reads the job's state
+            self.registry.assign(session.pull(as_reader=True))
+            return
+        values = session.begin()  # a worker's copy equals the job's unless it fell behind: then reload
+        if values is not None:
+            self.registry.assign(values)
+
+    def exchange_gradients(self, keys: list[str | None], grads: list[np.ndarray]) -> list[np.ndarray]:
+        self._require_training_task()
+        mapped = {k: g for k, g in zip(keys, grads) if k is not None}
+        if not mapped or self.in_warmup:
+            return grads
+        with self._blocked():
+            aggregate = self.session.exchange(mapped)
+        return [aggregate[k] if k is not None else g for k, g in zip(keys, grads)]
+
+    def build_end_of_step(self, result) -> tf.Tensor:
+        def end(*tensors):
+            self.end_step([np.asarray(t) for t in tensors])
+            return self.step_stats()
+
+        return tf.py_function(end, [v.read_value() for v in self.variables], tf.float32, name="tfdist_end_step")
+
+    def end_step(self, current: list[np.ndarray]) -> None:
+        if self.in_warmup:
+            return
+        with self._blocked():
+            values = self.session.end(self.registry.keyed(current))
+        if values is not None:  # too far behind: load the job's state instead of this step's result
+            self.registry.assign(values)
+
+    def step_stats(self) -> np.ndarray:
+        session = self.session
+        if session is None:
+            return np.zeros(5, np.float32)
+        st = session.stats
+        return np.array([session.global_step, st["dropped"], st["waits"], 0, st["resyncs"]], np.float32)
+
+
+def make_runtime(config: JobConfig, task: TaskSpec, token: str | None, variable_filter, policy_spec: Mapping
+                 ) -> PSRuntime:
+    """The runtime of the policy's exchange path (chosen once, for the life of the strategy)."""
+    policy = policy_from_spec(policy_spec, config.starting_workers)
+    runtime_class = GradientPathRuntime if policy.path == "gradient" else UpdatePathRuntime
+    return runtime_class(config, task, token, variable_filter, policy)
