@@ -6,7 +6,6 @@ were dropped or resynced hold exactly the state the others hold.
 """
 
 import argparse
-import hashlib
 import json
 import os
 
@@ -17,13 +16,7 @@ import numpy as np  # noqa: E402
 
 import tfdist  # noqa: E402
 from tfdist.datasets import load_digits  # noqa: E402
-
-
-def state_hash(model):
-    h = hashlib.sha1()
-    for v in list(model.trainable_weights) + list(model.optimizer.variables):
-        h.update(np.ascontiguousarray(v.numpy()).tobytes())
-    return h.hexdigest()
+from model_state import state_hash  # noqa: E402  (this script's folder)
 
 
 class Recorder(keras.callbacks.Callback):

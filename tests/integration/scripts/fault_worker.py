@@ -17,7 +17,6 @@ state (weights + optimizer variables) and the PS status after fit.
 """
 
 import argparse
-import hashlib
 import json
 import os
 import signal
@@ -31,13 +30,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
 from tfdist.datasets import load_digits  # noqa: E402
-
-
-def state_hash(model):
-    h = hashlib.sha1()
-    for v in list(model.trainable_weights) + list(model.optimizer.variables):
-        h.update(np.ascontiguousarray(v.numpy()).tobytes())
-    return h.hexdigest()
+from model_state import state_hash  # noqa: E402  (this script's folder)
 
 
 class Faults(keras.callbacks.Callback):
