@@ -88,10 +88,17 @@ def test_sync_replicas_drops_a_slow_workers_gradients_and_keeps_everyone_identic
     cluster, out = _cluster(tmp_path, 3, env=env)
     with cluster:
         cluster.start(os.path.join(scripts_dir, "consistency_worker.py"),
-                      ["--out", str(out), "--mode", "sync_replicas", "--m", "2", "--epochs", "5", "--record"])
+                      ["--out", str(out), "--mode", "sync_replicas", "--m", "2", "--epochs", "5", "--record",
+                       "--pull-after"])
         cluster.wait(300)
     results = [_read(out, i) for i in range(3)]
     slow = results[2]
+    # after fit, strategy.pull() brings every worker, also one that fell behind, to the job's final state
+    after = [r["after_pull"] for r in results]
+    assert len({a["hash"] for a in after}) == 1, after
+    assert len({a["global_step"] for a in after}) == 1, after
+    assert any(a["hash_before"] != a["hash"] for a in after)  # someone had fallen behind and caught up
+    assert max(a["loss"] for a in after) - min(a["loss"] for a in after) < 1e-6  # same model, same test set
     assert all(r["num_replicas_in_sync"] == 2 for r in results)
     assert slow["sync_stats"]["dropped"] > 0, slow["sync_stats"]
     assert slow["sync_stats"]["resyncs"] > 0, slow["sync_stats"]  # it fell behind and reloaded the state

@@ -333,9 +333,9 @@ class WorkerSession:
         request = SetExcludedRequest(self.worker_id, frozenset(int(w) for w in excluded))
         self.client.request_many({ps: request for ps in range(self.plan.num_ps)})
 
-    def status(self) -> list[dict]:
-        """Status of every PS task (version, live workers, counters)."""
-        replies = self.client.request_many({ps: StatusRequest() for ps in range(self.plan.num_ps)})
+    def status(self, brief: bool = False) -> list[dict]:
+        """Status of every PS task (version, live workers, counters); ``brief``: without the specs."""
+        replies = self.client.request_many({ps: StatusRequest(brief) for ps in range(self.plan.num_ps)})
         return [meta for _, (meta, _) in sorted(replies.items())]
 
     # ----------------------------------------------------------- liveness
@@ -611,6 +611,20 @@ class GradientSession(WorkerSession):
             self.global_step = min(steps)
         self._note_membership(metas)
         self.known_global_step = max([self.known_global_step] + [m.get("global_step", 0) for m in metas])
+
+    def catch_up(self, as_reader: bool = False) -> dict[str, np.ndarray] | None:
+        """The job's latest state snapshot, if it is newer than this worker's state (else ``None``).
+
+        Asks every PS task which state it holds, so a worker that fell behind
+        without knowing it (a dropped backup after ``fit``) catches up too;
+        waits (bounded) until every task holds the newest one.
+        """
+        latest = max(st["state_step"] for st in self.status(brief=True))
+        if latest <= self.global_step:
+            return None
+        values = self.pull(min_state_step=latest, as_reader=as_reader)
+        self.stats["resyncs"] += 1
+        return values
 
     def begin(self) -> dict[str, np.ndarray] | None:
         """Reloads the state snapshot if other workers have moved on."""

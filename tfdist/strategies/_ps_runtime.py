@@ -291,6 +291,10 @@ class PSRuntime:
     def flush_local_steps(self) -> None:
         """Sends local steps the exchange held back (update path with ``exchange_every``)."""
 
+    def refresh(self) -> None:
+        """``strategy.pull()``: the job's freshest values into this worker's variables now."""
+        self.begin_step(training=False)
+
     @contextlib.contextmanager
     def _blocked(self):
         """Adds the duration of the block to ``step_wait_s``."""
@@ -512,6 +516,7 @@ class GradientPathRuntime(PSRuntime):
     def __init__(self, config, task, token, variable_filter, policy):
         super().__init__(config, task, token, variable_filter, policy)
         self.num_replicas = policy.aggregation_size()
+        self._trained_since_check = False
         # While a step traces: the keys of the pending exchange (filled as the optimizer's
         # updates trace, in gradient order) and the gradients' shapes.
         self._pending: tuple[list[str | None], list[tf.TensorShape]] | None = None
@@ -555,7 +560,24 @@ class GradientPathRuntime(PSRuntime):
         if self.worker_id < 0:  # an evaluator reads the job's state
             self.registry.assign(session.pull(as_reader=True))
             return
-        values = session.begin()  # a worker's copy equals the job's unless it fell behind: then reload
+        # A worker's copy equals the job's unless it fell behind. Once after training steps
+        # (the first evaluate/predict step after fit), ask the PS for its latest state;
+        # otherwise reload only when this worker already knows it is behind.
+        if self._trained_since_check or self._left:
+            self._trained_since_check = False
+            values = session.catch_up(as_reader=self._left)  # a worker that left reads as an evaluator
+        else:
+            values = session.begin()
+        if values is not None:
+            self.registry.assign(values)
+
+    def refresh(self) -> None:
+        """``strategy.pull()``: a worker loads the job's latest state snapshot if it is behind."""
+        session = self.ensure_session()
+        if self.worker_id < 0:
+            self.registry.assign(session.pull(as_reader=True))
+            return
+        values = session.catch_up(as_reader=self._left)
         if values is not None:
             self.registry.assign(values)
 
@@ -576,6 +598,7 @@ class GradientPathRuntime(PSRuntime):
         return tf.py_function(end, [v.read_value() for v in self.variables], tf.float32, name="tfdist_end_step")
 
     def end_step(self, current: list[np.ndarray]) -> None:
+        self._trained_since_check = True
         if self.in_warmup:
             return
         with self._blocked():

@@ -246,8 +246,16 @@ class ParameterServerStrategy(StrategyBase):
         return self.placement().as_table()
 
     def pull(self) -> None:
-        """Loads the freshest PS values into this worker's variables now."""
-        self._runtime.begin_step(training=False)
+        """Loads the job's freshest values into this worker's variables now.
+
+        Update path (async, SSP, DTSSP): the PS's current values (local steps
+        that ``exchange_every`` held back are sent first). Gradient path
+        (BSP, SyncReplicas): the job's latest state snapshot (weights and
+        optimizer state) when this worker is behind it, e.g. a backup whose
+        gradients were dropped at the end of ``fit``; a worker that is not
+        behind keeps its (identical) state.
+        """
+        self._runtime.refresh()
 
     def ps_status(self) -> list[dict]:
         """Status of every PS task (version, live workers, counters, policy)."""

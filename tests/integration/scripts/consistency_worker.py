@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 
 import tfdist  # noqa: E402
 from tfdist.datasets import load_digits  # noqa: E402
+from file_barrier import wait_for_all  # noqa: E402  (this script's folder)
 from model_state import state_hash  # noqa: E402  (this script's folder)
 
 
@@ -42,6 +43,8 @@ def main():
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--blocks", action="store_true", help="worker i takes the i-th block of every global batch")
     p.add_argument("--record", action="store_true")
+    p.add_argument("--pull-after", action="store_true",
+                   help="after every worker's fit: strategy.pull(), then record the state and an evaluation")
     args = p.parse_args()
 
     if args.mode == "sync_replicas":
@@ -71,8 +74,11 @@ def main():
         opt = keras.optimizers.SGD(args.lr) if args.optimizer == "sgd" else keras.optimizers.Adam(args.lr)
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     rec = Recorder()
+    callbacks = [rec] if args.record else []
+    if args.pull_after:  # this worker lingers after its fit: it leaves the barriers (README, "How a job ends")
+        callbacks.append(tfdist.callbacks.LeaveOnTrainEnd())
     hist = model.fit(x, y, batch_size=args.batch, epochs=args.epochs, shuffle=not args.blocks, verbose=2,
-                     callbacks=[rec] if args.record else [])
+                     callbacks=callbacks)
     result = {
         "worker_id": me,
         "history": {k: [float(v) for v in vals] for k, vals in hist.history.items()},
@@ -82,6 +88,13 @@ def main():
         "ps_status": [{k: st[k] for k in ("global_step", "state_step", "stats", "policy", "live_workers")}
                       for st in strategy.ps_status()],
     }
+    if args.pull_after:
+        wait_for_all(args.out, "fit-done", me, n, timeout=240)
+        before = state_hash(model)
+        strategy.pull()
+        result["after_pull"] = {"hash_before": before, "hash": state_hash(model),
+                                "global_step": strategy._runtime.session.global_step,
+                                "loss": float(model.evaluate(data.x_test.reshape(-1, 64), data.y_test, verbose=0)[0])}
     session = strategy._runtime.session
     if hasattr(session, "starts"):
         result["starts"] = list(session.starts)
