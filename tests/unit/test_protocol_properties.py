@@ -132,7 +132,7 @@ METHOD_FIELDS = {
     "PushPull": ["worker", "clock", "loss", "steps", "keys", "base_version"],
     "PushGradients": ["worker", "step"], "PutState": ["worker", "step"],
     "SetExcluded": ["worker", "excluded"], "Heartbeat": ["worker"], "Status": ["brief"], "Done": ["worker"],
-    "Shutdown": ["worker"], "Control": ["drain", "undrain", "gone", "total_batches"],
+    "Shutdown": ["worker"], "Leave": ["worker"], "Control": ["drain", "undrain", "gone", "total_batches"],
 }
 assert set(METHOD_FIELDS) == set(METHODS)
 #: Fields a method's parser requires (drawn always, so most requests reach the store).

@@ -305,3 +305,39 @@ def test_step_with_fewer_gradients_than_m_is_scaled_to_their_mean():
     late, agg_late = call(store, "PushGradients", {"b": np.ones(3, np.float32)}, timeout=1, worker=1, step=0)
     assert late["dropped"] and np.array_equal(agg_late["b"], agg["b"])
     assert store.status()["excluded"] == [1]
+
+
+def test_leave_stops_counting_a_worker_at_once_without_counting_it_done():
+    clock = FakeClock()
+    store = make_store(clock=clock)
+    call(store, "Heartbeat", worker=1)
+    assert store.live_workers() == [0, 1]
+    meta, _ = call(store, "Leave", worker=1)
+    assert meta["live_workers"] == [0] and store.done_workers == set()  # not a Done: the PS does not exit
+    joins = store.joins
+    call(store, "Push", {"b": np.ones(3, np.float32)}, worker=1, clock=1)  # training again: back, as a joiner
+    assert store.live_workers() == [0, 1] and store.joins == joins + 1
+
+
+def test_a_bsp_step_stops_waiting_for_a_worker_that_leaves():
+    from tfdist.consistency import BSPPolicy
+
+    store = ParameterStore(BSPPolicy(2), heartbeat_timeout_s=10, time_fn=time.monotonic, num_workers=2)
+    call(store, "Init", init_values(), worker=0, specs=SPEC_DICTS, num_workers=2)
+    call(store, "Heartbeat", worker=1)
+    out = {}
+
+    def contribute():  # worker 0's gradient waits for worker 1's
+        out["reply"] = call(store, "PushGradients", {"b": np.ones(3, np.float32)}, timeout=20, worker=0, step=0)
+
+    thread = threading.Thread(target=contribute)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not store.state()["contributors"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.global_step == 0  # waiting for worker 1
+    call(store, "Leave", worker=1)
+    thread.join(15)
+    meta, agg = out["reply"]
+    assert meta["global_step"] == 1 and not meta["dropped"]
+    np.testing.assert_allclose(agg["b"], np.full(3, 2.0))  # one gradient of an M=2 step, scaled to the mean

@@ -17,8 +17,8 @@ class LeaveOnTrainEnd(keras.callbacks.Callback):
     budget, an exception handled by the script — and then keeps its process
     alive would make BSP, SyncReplicas and SSP barriers wait for it until
     their calls time out. With this callback, ``fit``'s end calls
-    ``strategy.leave()``: the other workers stop waiting for it (within
-    ``ps.heartbeat_timeout_s``; at once in an elastic job), this worker can
+    ``strategy.leave()``: the other workers stop waiting for it at once (the
+    PS tasks get a ``Leave``, or ``Done`` in an elastic job), this worker can
     still evaluate and predict, and a later ``fit`` takes it back into the job.
 
     Example:

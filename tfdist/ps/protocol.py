@@ -47,6 +47,7 @@ __all__ = [
     "HeartbeatRequest",
     "StatusRequest",
     "DoneRequest",
+    "LeaveRequest",
     "ShutdownRequest",
     "ControlRequest",
     "method_of",
@@ -532,6 +533,25 @@ class DoneRequest:
 
 
 @dataclass(frozen=True)
+class LeaveRequest:
+    """A worker stops taking part in barriers now (it may still read, and train again later).
+
+    Unlike ``Done`` it does not count towards the PS task's exit. Reply:
+    ``live_workers``.
+    """
+
+    worker: int
+
+    def to_wire(self):
+        return {"worker": self.worker}, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("Leave", tensors)
+        return cls(f.worker())
+
+
+@dataclass(frozen=True)
 class ShutdownRequest:
     """A worker of the job asks the PS task to stop now. Reply: ``stopping``."""
 
@@ -587,6 +607,7 @@ _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "Heartbeat": HeartbeatRequest.parse,
     "Status": StatusRequest.parse,
     "Done": DoneRequest.parse,
+    "Leave": LeaveRequest.parse,
     "Shutdown": ShutdownRequest.parse,
     "Control": ControlRequest.parse,
 }

@@ -5,7 +5,8 @@ Methods (service ``tfdist.ParameterServer``; every request and reply is a
 :mod:`tfdist.ps.protocol`): ``Init``, ``WaitInit``, ``Pull``, ``Push``,
 ``PushPull`` (update path), ``PushGradients``, ``PutState`` (gradient path),
 ``SetExcluded`` (detected stragglers), ``Heartbeat``, ``Status`` (with
-``{"brief": true}`` without the per-variable specs), ``Done``, ``Shutdown``,
+``{"brief": true}`` without the per-variable specs), ``Done``, ``Leave``
+(stop counting for barriers, not for the task's exit), ``Shutdown``,
 ``Control`` (the elastic engine: drain, undrain, gone, total batches).
 
 The consistency policy arrives with the initialising worker's ``Init`` (the
@@ -175,6 +176,9 @@ class ParameterService:
             logger.info("ps:%d all %d workers are done; stopping", self.task_index, n)
             self._stop()
         return {"done_workers": sorted(done)}, {}
+
+    def _rpc_Leave(self, req: protocol.LeaveRequest, budget, cancelled):
+        return {"live_workers": self.store.leave(req.worker)}, {}
 
     def _rpc_Control(self, req: protocol.ControlRequest, budget, cancelled):
         return self.store.control(req), {}

@@ -35,6 +35,7 @@ from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec
 from tfdist.ps.protocol import (
     InitRequest,
+    LeaveRequest,
     PullRequest,
     PushGradientsRequest,
     PushPullRequest,
@@ -356,6 +357,19 @@ class WorkerSession:
 
     def stop_heartbeat(self) -> None:
         self._hb_stop.set()
+
+    def leave(self) -> None:
+        """Stops heart-beating, then tells every PS task this worker leaves the barriers now.
+
+        The heart-beat thread is joined first (bounded), so no late heart-beat
+        counts the worker as live again after its ``Leave``.
+        """
+        self.stop_heartbeat()
+        thread = self._hb_thread
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=2 * (self._hb_interval or 0) + 1.0)
+        request = LeaveRequest(self.worker_id)
+        self.client.request_many({ps: request for ps in range(self.plan.num_ps)}, timeout=5.0)
 
     def rejoin(self) -> None:
         """Takes part again after :meth:`stop_heartbeat` (a worker that left trains again).

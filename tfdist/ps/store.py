@@ -158,6 +158,8 @@ class ParameterStore:
         self._last_seen: dict[int, float] = {}
         self._ever_seen: set[int] = set()
         self.done_workers: set[int] = set()
+        #: Workers that left the barriers (``Leave``) and have not trained since.
+        self.left_workers: set[int] = set()
         self.excluded: set[int] = set()
         self.draining: set[int] = set()
         self.total_batches: int | None = None
@@ -679,6 +681,7 @@ class ParameterStore:
     def _touch(self, worker: int) -> None:
         if worker < 0 or worker in self.done_workers:
             return
+        self.left_workers.discard(worker)
         now = self._time()
         last = self._last_seen.get(worker)
         # An expected worker's first contact is the job's start (it counted as live at clock 0
@@ -697,7 +700,8 @@ class ParameterStore:
         now = self._time()
         live = {w for w, t in self._last_seen.items() if now - t <= self.heartbeat_timeout_s}
         if self.initialized and now - self._init_time <= self.startup_grace_s:
-            live |= {w for w in self._expected if w not in self._last_seen and w not in self.done_workers}
+            live |= {w for w in self._expected
+                     if w not in self._last_seen and w not in self.done_workers and w not in self.left_workers}
         return frozenset(live)
 
     def _ctx(self) -> PolicyContext:
@@ -734,6 +738,19 @@ class ParameterStore:
             self._cond.notify_all()
             return set(self.done_workers)
 
+    def leave(self, worker: int) -> list[int]:
+        """A worker stops counting for barriers now (not towards the task's exit); returns the live set.
+
+        Its next training request (a push, a gradient, a state upload, a
+        heart-beat) brings it back as a joiner.
+        """
+        with self._cond:
+            self._check_member(worker)
+            self.left_workers.add(worker)
+            self._last_seen.pop(worker, None)
+            self._cond.notify_all()
+            return sorted(self._live())
+
     def check_member(self, worker: int) -> None:
         """Raises :class:`StoreError` unless ``worker`` is a worker of the job."""
         with self._cond:
@@ -765,6 +782,7 @@ class ParameterStore:
                 "last_seen": dict(self._last_seen),
                 "ever_seen": sorted(self._ever_seen),
                 "done_workers": sorted(self.done_workers),
+                "left_workers": sorted(self.left_workers),
                 "excluded": sorted(self.excluded),
                 "draining": sorted(self.draining),
                 "total_batches": self.total_batches,
@@ -794,6 +812,7 @@ class ParameterStore:
                 "bytes": int(sum(v.nbytes for v in self._values.values())),
                 "live_workers": sorted(self._live()),
                 "done_workers": sorted(self.done_workers),
+                "left_workers": sorted(self.left_workers),
                 "excluded": sorted(self.excluded),
                 "draining": sorted(self.draining),
                 "worker_batches": {str(w): n for w, n in sorted(self.worker_batches.items())},

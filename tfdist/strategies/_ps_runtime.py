@@ -335,19 +335,18 @@ class PSRuntime:
         return None
 
     def leave(self) -> None:
-        """Stops taking part in training (graceful): barriers stop waiting for this worker; reads still work.
+        """Stops taking part in training (graceful): barriers stop waiting for this worker now; reads still work.
 
         The last local steps and any update in flight are sent first. Then
         the worker stops heart-beating and reads like an evaluator (no worker
-        id), so no PS task counts it as live any more:
+        id), and every PS task stops counting it for barriers at once:
 
-        * elastic jobs (``elastic.enabled``): the worker also says ``Done``,
-          and barriers stop waiting for it at once; the PS tasks keep serving
-          (the launcher or engine stops them);
-        * other jobs: a PS task exits once every worker said ``Done``, so a
-          worker that may still evaluate does not say it here (it does when
-          its process ends, or on :meth:`close`). Barriers stop waiting for
-          it when its silence reaches ``ps.heartbeat_timeout_s``.
+        * elastic jobs (``elastic.enabled``): the worker says ``Done``; the PS
+          tasks keep serving (the launcher or engine stops them);
+        * other jobs: the worker says ``Leave``, which, unlike ``Done``, does
+          not count towards the PS tasks' exit (a PS task exits once every
+          worker said ``Done``, which this worker does when its process ends
+          or on :meth:`close`), so it may still evaluate and read.
 
         A later training step takes the worker back into the job (:meth:`rejoin`).
         """
@@ -361,15 +360,16 @@ class PSRuntime:
         try:
             self.session.flush()  # an update in flight lands before this worker stops counting
             if self.config.elastic.enabled:
+                self.session.stop_heartbeat()
                 self.session.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0)
+            else:
+                self.session.leave()
         except Exception as e:  # leaving is best effort: heart-beat silence has the same effect
-            logger.warning("worker %d: could not tell the PS it leaves: %s", self.worker_id, e)
+            logger.warning("worker %d: could not tell the PS it leaves (the others stop waiting for it within "
+                           "ps.heartbeat_timeout_s): %s", self.worker_id, e)
         self.session.stop_heartbeat()
-        if self.config.elastic.enabled:
-            logger.info("worker %d left the job", self.worker_id)
-        else:
-            logger.info("worker %d left training; the others stop waiting for it within %g s "
-                        "(ps.heartbeat_timeout_s)", self.worker_id, self.config.ps.heartbeat_timeout_s)
+        logger.info("worker %d left %s", self.worker_id,
+                    "the job" if self.config.elastic.enabled else "training; the others no longer wait for it")
 
     def rejoin(self) -> None:
         """Takes part in training again after :meth:`leave` (a later ``fit``)."""
