@@ -152,10 +152,6 @@ class WireService:
         self._stopped.set()
         return self._server.stop(grace)
 
-    @property
-    def stopped(self) -> bool:
-        return self._stopped.is_set()
-
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the server is stopped; True if it was."""
         return self._stopped.wait(timeout)

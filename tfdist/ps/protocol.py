@@ -488,8 +488,8 @@ class SetExcludedRequest:
 
 
 @dataclass(frozen=True)
-class HeartbeatRequest:
-    """A worker is alive. Reply: ``live_workers``."""
+class _WorkerRequest:
+    """A request that carries only the sending worker's id."""
 
     worker: int
 
@@ -498,8 +498,13 @@ class HeartbeatRequest:
 
     @classmethod
     def parse(cls, f: _Fields, tensors):
-        _no_tensors("Heartbeat", tensors)
+        _no_tensors(f.method, tensors)
         return cls(f.worker())
+
+
+@dataclass(frozen=True)
+class HeartbeatRequest(_WorkerRequest):
+    """A worker is alive. Reply: ``live_workers``."""
 
 
 @dataclass(frozen=True)
@@ -518,52 +523,22 @@ class StatusRequest:
 
 
 @dataclass(frozen=True)
-class DoneRequest:
-    """A worker of the job has finished (or leaves). Reply: ``done_workers``."""
-
-    worker: int
-
-    def to_wire(self):
-        return {"worker": self.worker}, {}
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        _no_tensors("Done", tensors)
-        return cls(f.worker())
+class DoneRequest(_WorkerRequest):
+    """A worker of the job has finished (it counts towards the PS task's exit). Reply: ``done_workers``."""
 
 
 @dataclass(frozen=True)
-class LeaveRequest:
+class LeaveRequest(_WorkerRequest):
     """A worker stops taking part in barriers now (it may still read, and train again later).
 
     Unlike ``Done`` it does not count towards the PS task's exit. Reply:
     ``live_workers``.
     """
 
-    worker: int
-
-    def to_wire(self):
-        return {"worker": self.worker}, {}
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        _no_tensors("Leave", tensors)
-        return cls(f.worker())
-
 
 @dataclass(frozen=True)
-class ShutdownRequest:
+class ShutdownRequest(_WorkerRequest):
     """A worker of the job asks the PS task to stop now. Reply: ``stopping``."""
-
-    worker: int
-
-    def to_wire(self):
-        return {"worker": self.worker}, {}
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        _no_tensors("Shutdown", tensors)
-        return cls(f.worker())
 
 
 @dataclass(frozen=True)
