@@ -11,7 +11,10 @@ per-task logs, every child killed on exit, bounded waits) runs
    training state of worker 1, left out again while still slow, and re-admitted
    for good after it recovered; members stay bit-identical at every step;
 3. worker 2 kills itself (SIGKILL) mid-training: the others get an error naming
-   it, within the collective timeout, instead of hanging.
+   it, within the collective timeout, instead of hanging. It dies in one of the
+   epoch's profiling iterations, where every worker takes part: later, on a
+   loaded machine, the detector may already have left it out as a straggler,
+   and then the survivors rightly never notice (CI saw exactly that once).
 
 Assertions count iterations and compare hashes, never seconds (except that the
 error arrives within the timeout bound).
@@ -37,7 +40,7 @@ def _run(tmp_path):
     out = str(tmp_path)
     args = ["--out", out, "--epochs", str(EPOCHS), "--steps", str(STEPS), "--base", "0.05", "--factor", "3",
             "--slow-worker", "0", "--slow-until", str(SLOW_UNTIL), "--limit", str(LIMIT),
-            "--timeout", str(TIMEOUT_S), "--kill-worker", "2", "--kill-at", "8"]
+            "--timeout", str(TIMEOUT_S), "--kill-worker", "2", "--kill-at", "3"]
     with LocalCluster(workers=3, ps=1, log_dir=str(tmp_path / "logs")) as cluster:
         cluster.start(SCRIPT, args=args, tasks=["worker:0", "worker:1", "worker:2"])
         deadline = time.monotonic() + WAIT_S
