@@ -370,6 +370,24 @@ class PSConfig:
             refused with an error naming the variable and the worker, and
             the stored values stay finite) or ``"allow"`` (stored as sent).
             The chief's setting holds for the job.
+        checkpoint_dir: Where every PS task writes checkpoints of its shard
+            (``<dir>/ps-<i>/``) and, when it starts, restores the newest one
+            from: a local path (a volume every restart of the task sees) or
+            a URL ``tf.io.gfile`` writes (``gs://``, ``s3://``). ``None``
+            (the default): no checkpoints; a PS task that restarts is
+            initialised again from the chief's current values (async, SSP,
+            DTSSP) — see docs/fault_tolerance.md.
+        checkpoint_every_s: With ``checkpoint_dir``: write a checkpoint this
+            often (when the shard changed). Defaults to 60; ``null``: not by time.
+        checkpoint_every_steps: With ``checkpoint_dir``: also write one each
+            time the shard's step (batches applied on the update path, the
+            global step on the gradient path) reaches a multiple of this;
+            on the gradient path every task then checkpoints the same steps
+            (a consistent cut). Defaults to ``None``.
+        checkpoint_keep: Checkpoints kept per PS task. Defaults to 3.
+        reconnect_timeout_s: How long a worker that lost a PS task keeps
+            trying to reach it again (a restart) before it fails. Defaults
+            to 60.
     """
 
     placement: str = "round_robin"
@@ -382,8 +400,23 @@ class PSConfig:
     max_updates_per_s: float | None = None
     tune_malloc: bool = True
     nonfinite: str = "refuse"
+    checkpoint_dir: str | None = None
+    checkpoint_every_s: float | None = 60.0
+    checkpoint_every_steps: int | None = None
+    checkpoint_keep: int = 3
+    reconnect_timeout_s: float = constants.DEFAULT_RECONNECT_TIMEOUT_S
 
     def __post_init__(self):
+        if self.checkpoint_dir is not None and (not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir):
+            raise _fail("ps.checkpoint_dir", self.checkpoint_dir,
+                        "Give a directory path or URL (gs://..., s3://...), or null for no checkpoints.")
+        _check_seconds("ps.checkpoint_every_s", self.checkpoint_every_s, nullable=True)
+        _check_seconds("ps.reconnect_timeout_s", self.reconnect_timeout_s)
+        for name, value, nullable in (("checkpoint_every_steps", self.checkpoint_every_steps, True),
+                                      ("checkpoint_keep", self.checkpoint_keep, False)):
+            if (value is None and nullable) or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                continue
+            raise _fail(f"ps.{name}", value, "Give a whole number >= 1" + (", or null." if nullable else "."))
         if self.nonfinite not in ("refuse", "allow"):
             raise _fail("ps.nonfinite", self.nonfinite, 'Use "refuse" (the default) or "allow".')
         if not isinstance(self.tune_malloc, bool):
@@ -604,6 +637,12 @@ class LaunchConfig:
             stops the job; a job that went on exits 0 when the chief (and
             every worker not left out) exited 0. See
             :func:`tfdist.cluster.failure.decide_worker_failure`.
+        restart_ps: A local launch starts a parameter-server task that died
+            again at the same address (it restores its newest checkpoint
+            when ``ps.checkpoint_dir`` is set; workers reconnect within
+            ``ps.reconnect_timeout_s``). Defaults to ``True``.
+        max_ps_restarts: Restarts allowed per PS task before a death stops
+            the job. Defaults to 3.
     """
 
     log_all_tasks: bool = False
@@ -614,8 +653,15 @@ class LaunchConfig:
     slowdown: dict[str, dict] = field(default_factory=dict)
     threads_per_task: int | str | None = "auto"
     on_worker_failure: str = "auto"
+    restart_ps: bool = True
+    max_ps_restarts: int = 3
 
     def __post_init__(self):
+        if not isinstance(self.restart_ps, bool):
+            raise _fail("launch.restart_ps", self.restart_ps, "Give true or false.")
+        if isinstance(self.max_ps_restarts, bool) or not isinstance(self.max_ps_restarts, int) \
+                or self.max_ps_restarts < 0:
+            raise _fail("launch.max_ps_restarts", self.max_ps_restarts, "Give a whole number >= 0.")
         t = self.threads_per_task
         if not (t is None or t == "auto" or (isinstance(t, int) and not isinstance(t, bool) and t > 0)):
             raise _fail("launch.threads_per_task", t,

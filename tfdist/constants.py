@@ -21,6 +21,8 @@ AUTH_METADATA_KEY = "tfdist-token"
 
 DEFAULT_RPC_TIMEOUT_S = 30.0
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
+#: How long a worker tries to reach a lost PS task again (``ps.reconnect_timeout_s``).
+DEFAULT_RECONNECT_TIMEOUT_S = 60.0
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
 #: A silent worker stops counting as live after this long. Well below the RPC deadline: a barrier

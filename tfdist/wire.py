@@ -23,7 +23,7 @@ import numpy as np
 
 from tfdist.errors import WireFormatError
 
-__all__ = ["encode", "decode", "ALLOWED_DTYPES", "MAGIC"]
+__all__ = ["encode", "encode_chunks", "decode", "ALLOWED_DTYPES", "MAGIC"]
 
 MAGIC = b"TFD1"
 _LEN = struct.Struct("<I")
@@ -82,6 +82,14 @@ def encode(
     Returns:
         The message bytes.
     """
+    return b"".join(encode_chunks(meta, tensors))
+
+
+def encode_chunks(
+    meta: Mapping[str, Any] | None = None,
+    tensors: Mapping[str, np.ndarray] | None = None,
+) -> list[bytes | memoryview]:
+    """The message of :func:`encode` as consecutive pieces (views of the arrays), for streaming writes."""
     entries = []
     buffers = []
     offset = 0
@@ -111,9 +119,7 @@ def encode(
     except (TypeError, ValueError) as e:
         raise WireFormatError(f"Cannot encode the message header as JSON (NaN/Infinity or a non-JSON value?): {e}") from e
     pad = (-(len(MAGIC) + _LEN.size + len(header))) % 8
-    return b"".join(
-        [MAGIC, _LEN.pack(len(header)), header, b"\0" * pad, *buffers]
-    )
+    return [MAGIC, _LEN.pack(len(header)), header, b"\0" * pad, *buffers]
 
 
 def _reject_constant(name: str):

@@ -133,6 +133,7 @@ METHOD_FIELDS = {
     "PushGradients": ["worker", "step"], "PutState": ["worker", "step"],
     "SetExcluded": ["worker", "excluded"], "Heartbeat": ["worker"], "Status": ["brief"], "Done": ["worker"],
     "Shutdown": ["worker"], "Leave": ["worker"], "Control": ["drain", "undrain", "gone", "total_batches"],
+    "Checkpoint": ["worker"],
 }
 assert set(METHOD_FIELDS) == set(METHODS)
 #: Fields a method's parser requires (drawn always, so most requests reach the store).

@@ -169,3 +169,10 @@ class ConsistencyPolicy:
     def describe(self) -> dict:
         """Current state for status RPCs and logs (JSON-able)."""
         return self.spec()
+
+    def state(self) -> dict:
+        """What a PS checkpoint keeps of the policy beyond its spec (JSON-able); defaults to nothing."""
+        return {}
+
+    def restore(self, state: dict) -> None:
+        """Takes back what :meth:`state` returned (a PS restarting from a checkpoint)."""

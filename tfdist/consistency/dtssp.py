@@ -122,6 +122,22 @@ class DTSSPPolicy(SSPPolicy):
         return {"policy": self.name, "min_staleness": self.min_staleness, "max_staleness": self.max_staleness,
                 "window": self.window, "delta": self.delta}
 
+    def state(self) -> dict:
+        return {**super().state(), "staleness": int(self.staleness), "closed": self._closed,
+                "sums": {str(k): v for k, v in self._sums.items()},
+                "counts": {str(k): v for k, v in self._counts.items()},
+                "window_loss": {str(k): v for k, v in self._window_loss.items()},
+                "changes": [asdict(c) for c in self.changes]}
+
+    def restore(self, state: dict) -> None:
+        super().restore(state)
+        self.staleness = int(state.get("staleness", self.staleness))
+        self._closed = int(state.get("closed", 0))
+        self._sums = {int(k): float(v) for k, v in state.get("sums", {}).items()}
+        self._counts = {int(k): int(v) for k, v in state.get("counts", {}).items()}
+        self._window_loss = {int(k): float(v) for k, v in state.get("window_loss", {}).items()}
+        self.changes = [StalenessChange(**c) for c in state.get("changes", [])]
+
     def describe(self) -> dict:
         return {**super().describe(), **self.spec(), "staleness": int(self.staleness),
                 "changes": [asdict(c) for c in self.changes[-20:]]}

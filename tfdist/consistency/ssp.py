@@ -99,6 +99,12 @@ class SSPPolicy(ConsistencyPolicy):
     def describe(self) -> dict:
         return {**self.spec(), "clocks": {str(k): v for k, v in sorted(self.clocks.items())}}
 
+    def state(self) -> dict:
+        return {"clocks": {str(k): v for k, v in sorted(self.clocks.items())}}
+
+    def restore(self, state: dict) -> None:
+        self.clocks = {int(k): int(v) for k, v in state.get("clocks", {}).items()}
+
 
 class AsyncPolicy(SSPPolicy):
     """ASP: SSP with an infinite bound that refreshes the cache every step."""

@@ -57,6 +57,11 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
         startup_grace_s=config.ps.startup_timeout_s,
         tune_malloc=config.ps.tune_malloc,
         max_wait_s=config.ps.rpc_timeout_s,
+        checkpoint_dir=config.ps.checkpoint_dir,
+        checkpoint_every_s=config.ps.checkpoint_every_s,
+        checkpoint_every_steps=config.ps.checkpoint_every_steps,
+        checkpoint_keep=config.ps.checkpoint_keep,
+        num_ps=len(config.cluster.ps),
     )
 
 

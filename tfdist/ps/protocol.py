@@ -50,6 +50,7 @@ __all__ = [
     "LeaveRequest",
     "ShutdownRequest",
     "ControlRequest",
+    "CheckpointRequest",
     "method_of",
     "parse",
     "short",
@@ -542,6 +543,15 @@ class ShutdownRequest(_WorkerRequest):
 
 
 @dataclass(frozen=True)
+class CheckpointRequest(_WorkerRequest):
+    """A worker of the job asks for a checkpoint of this PS task's shard now (``strategy.checkpoint()``).
+
+    Answered once the checkpoint is written. Reply: ``step``, ``path``
+    (``None`` for both when the task has no ``ps.checkpoint_dir``).
+    """
+
+
+@dataclass(frozen=True)
 class ControlRequest:
     """The elastic engine: ask workers to leave (``drain``), take it back (``undrain``),
     report ended processes (``gone``), set the job's ``total_batches``.
@@ -585,6 +595,7 @@ _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "Leave": LeaveRequest.parse,
     "Shutdown": ShutdownRequest.parse,
     "Control": ControlRequest.parse,
+    "Checkpoint": CheckpointRequest.parse,
 }
 
 #: Methods of :data:`SERVICE` (every request and reply is a :mod:`tfdist.wire` message).

@@ -36,6 +36,7 @@ Importing this module does not import TensorFlow.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from typing import Any, Callable, Mapping
 
@@ -47,6 +48,7 @@ from tfdist.consistency.base import ConsistencyPolicy
 from tfdist.grpc_service import WireService
 from tfdist import wire
 from tfdist.ps import memory, protocol
+from tfdist.ps.checkpoint import CheckpointError, ShardCheckpointer
 from tfdist.ps.protocol import METHODS, SERVICE
 from tfdist.ps.store import ParameterStore
 
@@ -83,11 +85,13 @@ class ParameterService:
     """
 
     def __init__(self, store: ParameterStore, task_index: int = 0, exit_when_done: bool = False,
-                 on_stop: Callable[[], None] | None = None):
+                 on_stop: Callable[[], None] | None = None, checkpointer: ShardCheckpointer | None = None):
         self.store = store
         self.task_index = task_index
         self.exit_when_done = exit_when_done
         self._on_stop = on_stop
+        #: Writes this task's checkpoints (``ps.checkpoint_dir``); ``None``: none.
+        self.checkpointer = checkpointer
         #: Requests refused (malformed, or refused by the store), by method.
         self.rejected: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -141,7 +145,9 @@ class ParameterService:
         return self.store.read(req, lambda meta, values: wire.encode(meta, values), budget, cancelled)
 
     def _rpc_Push(self, req: protocol.PushRequest, budget, cancelled):
-        return self.store.push(req, budget, cancelled), {}
+        reply = self.store.push(req, budget, cancelled), {}
+        self._after_update()
+        return reply
 
     def _rpc_PushPull(self, req: protocol.PushPullRequest, budget, cancelled):
         def consume(meta, values, unchanged):  # encoded under the store lock (one copy)
@@ -149,13 +155,31 @@ class ParameterService:
                 return wire.encode({**meta, "unchanged": True})
             return wire.encode(meta, values)
 
-        return self.store.push_pull(req, consume, budget, cancelled)
+        reply = self.store.push_pull(req, consume, budget, cancelled)
+        self._after_update()
+        return reply
+
+    def _after_update(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.after_update()
 
     def _rpc_PushGradients(self, req: protocol.PushGradientsRequest, budget, cancelled):
         return self.store.push_gradients(req, budget, cancelled)
 
     def _rpc_PutState(self, req: protocol.PutStateRequest, budget, cancelled):
-        return self.store.put_state(req), {}
+        reply = self.store.put_state(req), {}
+        self._after_update()
+        return reply
+
+    def _rpc_Checkpoint(self, req: protocol.CheckpointRequest, budget, cancelled):
+        self.store.check_member(req.worker)
+        if self.checkpointer is None:
+            return {"step": None, "path": None}, {}
+        try:
+            step, path = self.checkpointer.checkpoint_now(timeout=budget)
+        except CheckpointError as e:
+            raise protocol.RequestError(str(e), grpc_code="INTERNAL") from e
+        return {"step": step, "path": path}, {}
 
     def _rpc_SetExcluded(self, req: protocol.SetExcludedRequest, budget, cancelled):
         return {"excluded": self.store.set_excluded(req.worker, req.excluded)}, {}
@@ -167,6 +191,8 @@ class ParameterService:
         status = self.store.status(brief=req.brief)
         with self._lock:
             status["stats"]["rejected"] = sum(self.rejected.values())
+        if self.checkpointer is not None:
+            status["checkpoint"] = self.checkpointer.describe()
         return {**status, "task_index": self.task_index, "num_workers": self.store.num_workers}, {}
 
     def _rpc_Done(self, req: protocol.DoneRequest, budget, cancelled):
@@ -219,6 +245,16 @@ class PSServer:
         max_updates_per_s: See :class:`ParameterStore`.
         tune_malloc: Apply :func:`tfdist.ps.memory.tune_malloc` to this
             process. Defaults to ``True``.
+        checkpoint_dir: Where this task writes its checkpoints and restores
+            the newest one from at start (``ps.checkpoint_dir``); ``None``:
+            no checkpoints.
+        checkpoint_every_s, checkpoint_every_steps, checkpoint_keep: See
+            :class:`~tfdist.ps.checkpoint.ShardCheckpointer`.
+        num_ps: PS tasks of the job (a checkpoint of a job with another
+            number is not restored). Defaults to 1.
+
+    Every start of a task gets a new random ``incarnation`` (in replies and
+    ``Status``): workers see a restarted task by it.
     """
 
     def __init__(
@@ -238,6 +274,11 @@ class PSServer:
         max_updates_per_s: float | None = None,
         tune_malloc: bool = True,
         max_wait_s: float = constants.DEFAULT_RPC_TIMEOUT_S,
+        checkpoint_dir: str | None = None,
+        checkpoint_every_s: float | None = None,
+        checkpoint_every_steps: int | None = None,
+        checkpoint_keep: int = 3,
+        num_ps: int = 1,
     ):
         if tune_malloc:
             memory.tune_malloc()
@@ -249,11 +290,25 @@ class PSServer:
         self.store = ParameterStore(policy, heartbeat_timeout_s=heartbeat_timeout_s, startup_grace_s=startup_grace_s,
                                     max_updates_per_s=max_updates_per_s, num_workers=num_workers,
                                     max_wait_s=max_wait_s, max_waiters=max_waiters)
+        self.store.incarnation = secrets.randbits(48)
         self.num_workers = num_workers
         self.task_index = task_index
         self.exit_when_done = exit_when_done
         self.max_message_bytes = max_message_bytes
-        self.service = ParameterService(self.store, task_index, exit_when_done, on_stop=lambda: self.stop(0.5))
+        self.checkpointer = None
+        if checkpoint_dir:
+            self.checkpointer = ShardCheckpointer(self.store, checkpoint_dir, task_index, num_ps,
+                                                  every_s=checkpoint_every_s, every_steps=checkpoint_every_steps,
+                                                  keep=checkpoint_keep)
+            step = self.checkpointer.restore()
+            if step is None:
+                logger.info("ps:%d: no checkpoint in %s; the chief initialises this task", task_index, checkpoint_dir)
+            else:
+                logger.warning("ps:%d: restarted from the checkpoint of step %d in %s (incarnation %d)",
+                               task_index, step, checkpoint_dir, self.store.incarnation)
+        self._stopped = threading.Event()
+        self.service = ParameterService(self.store, task_index, exit_when_done, on_stop=lambda: self.stop(0.5),
+                                        checkpointer=self.checkpointer)
         handlers = {name: self._handler(name) for name in METHODS}
         self._service = WireService(
             SERVICE, handlers, what=f"parameter server ps:{task_index}", token=token,
@@ -267,6 +322,8 @@ class PSServer:
 
     # --------------------------------------------------------------- control
     def start(self) -> "PSServer":
+        if self.checkpointer is not None:
+            self.checkpointer.start()
         self._service.start()
         logger.info(
             "ps:%d serving on %s (policy=%s, workers=%s, max_message_bytes=%d, auth=%s)",
@@ -279,8 +336,18 @@ class PSServer:
         )
         return self
 
-    def stop(self, grace: float | None = 1.0) -> None:
-        """Stops serving (idempotent): waiting calls are released, others get ``grace`` seconds."""
+    def stop(self, grace: float | None = 1.0, final_checkpoint: bool = True) -> None:
+        """Stops serving (idempotent): waiting calls are released, others get ``grace`` seconds.
+
+        With a checkpoint directory, the state is written first if it moved
+        since the last checkpoint (``final_checkpoint``), so a job that ends,
+        or a task stopped with SIGTERM, loses nothing.
+        """
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self.checkpointer is not None:
+            self.checkpointer.close(final=final_checkpoint)
         self.store.close()
         self._service.stop(grace)
 

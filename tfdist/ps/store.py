@@ -174,6 +174,14 @@ class ParameterStore:
         self._contributors: set[int] = set()
         self._history: dict[int, tuple[dict[str, np.ndarray], int]] = {}  # step -> (aggregate, closer)
         self.state_step = 0
+        #: Identifies this run of the PS task (a restarted task has another; replies carry it).
+        self.incarnation = 0
+        #: The checkpoint step this store was restored from (``None``: initialised by a worker).
+        self.restored_from: int | None = None
+        #: Capture a checkpoint snapshot each time the shard's step crosses a multiple of this
+        #: (``ps.checkpoint_every_steps``); the writer collects them with :meth:`take_captured`.
+        self.checkpoint_every_steps: int | None = None
+        self._captured: list[tuple[int, dict[str, Any], dict[str, np.ndarray]]] = []
         self.stats = {
             "pushes": 0, "pulls": 0, "dropped": 0, "bytes_in": 0, "bytes_out": 0,
             "waits": 0, "aggregations": 0, "gradients_aggregated": 0, "state_writes": 0,
@@ -200,7 +208,8 @@ class ParameterStore:
                 self._check_same_policy(req.policy)
                 self.done_workers.discard(req.worker)
                 self._touch(req.worker)
-                return {"initialized_here": False, "version": self.version, "global_step": self.global_step}
+                return {"initialized_here": False, "version": self.version, "global_step": self.global_step,
+                        "incarnation": self.incarnation, "state_step": self.state_step}
             policy = self.policy
             if req.policy is not None:
                 policy = policy_from_spec(req.policy, req.num_workers or 1)  # parse validated the spec
@@ -225,7 +234,8 @@ class ParameterStore:
         total = sum(s.nbytes for s in req.specs)
         logger.info("initialised by worker %d: %d variables, %d bytes, policy %s, non-finite values: %s",
                     req.worker, len(req.specs), total, self.policy.spec(), self.nonfinite)
-        return {"initialized_here": True, "version": self.version, "global_step": self.global_step}
+        return {"initialized_here": True, "version": self.version, "global_step": self.global_step,
+                "incarnation": self.incarnation, "state_step": self.state_step}
 
     def wait_init(self, req: WaitInitRequest, timeout: float | None = None, cancelled: Cancelled = _never
                   ) -> dict[str, Any]:
@@ -241,14 +251,16 @@ class ParameterStore:
                 except StoreError as e:
                     if e.grpc_code != WAIT_TIMEOUT_CODE:
                         raise
-                    return {"initialized": False, "version": self.version, "global_step": self.global_step}
+                    return {"initialized": False, "version": self.version, "global_step": self.global_step,
+                            "incarnation": self.incarnation}
             if req.specs is not None:
                 self._check_same_specs(req.specs)
             self._check_same_policy(req.policy)
             if req.worker is not None:  # a worker (re)starts a session: it may come back after it said Done
                 self.done_workers.discard(req.worker)
                 self.draining.discard(req.worker)
-            return {"initialized": True, "version": self.version, "global_step": self.global_step}
+            return {"initialized": True, "version": self.version, "global_step": self.global_step,
+                    "incarnation": self.incarnation, "state_step": self.state_step}
 
     def specs(self) -> list[VariableSpec]:
         with self._cond:
@@ -403,6 +415,7 @@ class ParameterStore:
         self.stats["pushes"] += 1
         self.progress += req.steps
         self.policy.on_applied(worker, req.clock, self._ctx(), req.loss)
+        self._maybe_capture(self.progress - req.steps)
         self._cond.notify_all()
         return {"applied": True, "dropped": False, "version": self.version, "previous_version": previous,
                 **self._clock_info(), **self._member_info(worker)}
@@ -563,9 +576,11 @@ class ParameterStore:
                 return {"stored": False, "state_step": self.state_step}
             for key, value in req.tensors.items():
                 np.copyto(self._values[key], value)
+            previous = self.state_step
             self.state_step = req.step
             self.version += 1
             self.stats["state_writes"] += 1
+            self._maybe_capture(previous)
             self._cond.notify_all()
             return {"stored": True, "state_step": self.state_step}
 
@@ -643,7 +658,7 @@ class ParameterStore:
             self.worker_batches[worker] = self.worker_batches.get(worker, 0) + steps
 
     def _member_info(self, worker: int) -> dict[str, Any]:
-        info: dict[str, Any] = {}
+        info: dict[str, Any] = {"incarnation": self.incarnation}
         if worker in self.draining:
             info["leave"] = True
         if self.job_done:
@@ -791,7 +806,132 @@ class ParameterStore:
                 "joins": self.joins,
                 "stats": dict(self.stats),
                 "policy": self.policy.describe() if self.policy else None,
+                "policy_state": self.policy.state() if self.policy else None,
+                "incarnation": self.incarnation,
+                "restored_from": self.restored_from,
             }
+
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint_step(self) -> int:
+        """The shard's position: the state snapshot's step (gradient path) or the batches applied (update path)."""
+        with self._cond:
+            return self._checkpoint_step()
+
+    def _checkpoint_step(self) -> int:
+        return self.state_step if self.policy is not None and self.policy.path == "gradient" else self.progress
+
+    def _maybe_capture(self, previous_step: int) -> None:
+        """Captures a checkpoint snapshot when the step crossed a multiple of ``checkpoint_every_steps`` (lock held).
+
+        On the gradient path every PS task sees the same state steps, so the
+        snapshots of all tasks at one multiple form a consistent cut.
+        """
+        k = self.checkpoint_every_steps
+        if k and self._checkpoint_step() // k > previous_step // k:
+            self._captured.append(self._checkpoint_state_locked())
+
+    def take_captured(self) -> list[tuple[int, dict[str, Any], dict[str, np.ndarray]]]:
+        """The snapshots :meth:`_maybe_capture` took since the last call, oldest first."""
+        with self._cond:
+            captured, self._captured = self._captured, []
+            return captured
+
+    def checkpoint_state(self) -> tuple[int, dict[str, Any], dict[str, np.ndarray]] | None:
+        """``(step, meta, values)`` to write as a checkpoint (copies, taken under the lock); ``None`` before init.
+
+        Kept: values, specs, versions, steps, the policy and its state (SSP
+        clocks, DTSSP's bound and loss windows), membership (done, left,
+        excluded, draining workers), the job's batch counters. Not kept: a
+        gradient-path step in progress (its gradients are sent again) and
+        liveness times (a restored task gives every worker a fresh start-up
+        grace).
+        """
+        with self._cond:
+            if not self.initialized:
+                return None
+            return self._checkpoint_state_locked()
+
+    def _checkpoint_state_locked(self) -> tuple[int, dict[str, Any], dict[str, np.ndarray]]:
+        meta = {
+            "kind": "tfdist-ps-shard",
+            "specs": [sp.to_dict() for sp in self._specs.values()],
+            "policy": self.policy.spec(),
+            "policy_state": self.policy.state(),
+            "path": self.policy.path,
+            "nonfinite": self.nonfinite,
+            "num_workers": self.num_workers,
+            "version": self.version,
+            "initialized_by": self.initialized_by,
+            "global_step": self.global_step,
+            "state_step": self.state_step,
+            "done_workers": sorted(self.done_workers),
+            "left_workers": sorted(self.left_workers),
+            "excluded": sorted(self.excluded),
+            "draining": sorted(self.draining),
+            "total_batches": self.total_batches,
+            "worker_batches": {str(w): n for w, n in self.worker_batches.items()},
+            "progress": self.progress,
+            "joins": self.joins,
+            "incarnation": self.incarnation,
+        }
+        values = {k: v.copy() for k, v in self._values.items()}
+        return self._checkpoint_step(), meta, values
+
+    def restore(self, meta: Mapping[str, Any], values: Mapping[str, np.ndarray]) -> None:
+        """Loads a checkpoint written from :meth:`checkpoint_state` into this (not yet initialised) store.
+
+        Raises:
+            StoreError: the store already holds values, or the checkpoint does
+                not fit (missing values, wrong dtype or shape, another job's
+                worker count); nothing is changed then.
+        """
+        specs = [VariableSpec.from_dict(d) for d in meta["specs"]]
+        num_workers = meta.get("num_workers")
+        with self._cond:
+            if self.initialized:
+                raise StoreError("A checkpoint is restored only into a parameter server that holds no values yet.",
+                                 grpc_code="FAILED_PRECONDITION")
+            if self.num_workers is not None and num_workers is not None and num_workers != self.num_workers:
+                raise StoreError(
+                    f"The checkpoint is of a job with {num_workers} workers; this one has {self.num_workers}. "
+                    "Use another ps.checkpoint_dir for a job of another size.", grpc_code="FAILED_PRECONDITION")
+            missing = [sp.key for sp in specs if sp.key not in values]
+            wrong = [sp.key for sp in specs if sp.key in values and (
+                values[sp.key].dtype.name != sp.dtype or tuple(values[sp.key].shape) != tuple(sp.shape))]
+            if missing or wrong:
+                raise StoreError(f"The checkpoint does not match its own variable list (missing: "
+                                 f"{short(missing[:4])}, wrong dtype/shape: {short(wrong[:4])}).",
+                                 grpc_code="DATA_LOSS")
+            policy = policy_from_spec(meta["policy"], num_workers or 1)
+            policy.restore(meta.get("policy_state") or {})
+            # -- every check passed: apply
+            self.policy = policy
+            if self.num_workers is None:
+                self.num_workers = num_workers
+            self.nonfinite = meta.get("nonfinite", "refuse")
+            self._specs = {sp.key: sp for sp in specs}
+            self._values = {sp.key: np.array(values[sp.key], copy=True) for sp in specs}
+            self.version = int(meta["version"])
+            self.global_step = self.state_step = int(meta["state_step"])
+            self.initialized_by = int(meta["initialized_by"])
+            self.done_workers = set(meta.get("done_workers", ()))
+            self.left_workers = set(meta.get("left_workers", ()))
+            self.excluded = set(meta.get("excluded", ()))
+            self.draining = set(meta.get("draining", ()))
+            self.total_batches = meta.get("total_batches")
+            self.worker_batches = {int(w): int(n) for w, n in (meta.get("worker_batches") or {}).items()}
+            self.progress = int(meta.get("progress", 0))
+            self.joins = int(meta.get("joins", 0))
+            self._acc, self._contributors, self._history = {}, set(), {}
+            # Every worker not done gets a fresh start-up grace: they reconnect to this task now.
+            self._init_time = self._time()
+            self._expected = set(range(self.num_workers or 0)) - self.done_workers
+            self._last_seen, self._ever_seen = {}, set()
+            self.restored_from = self._checkpoint_step()
+            self.policy.on_step_boundary(self._ctx())
+            self._cond.notify_all()
+        logger.info("restored from the checkpoint of step %d: %d variables, policy %s, version %d",
+                    self.restored_from, len(specs), self.policy.spec(), self.version)
 
     def status(self, brief: bool = False) -> dict[str, Any]:
         """Counters, membership and policy of this PS.
@@ -821,6 +961,8 @@ class ParameterStore:
                 "job_done": self.job_done,
                 "joins": self.joins,
                 "nonfinite": self.nonfinite,
+                "incarnation": self.incarnation,
+                "restored_from": self.restored_from,
                 "stats": dict(self.stats),
                 "policy": self.policy.describe() if self.policy else None,
             }

@@ -1,0 +1,225 @@
+"""PS checkpoints: the files (atomic, verified, last K kept), the store's snapshot and restore, the writer.
+
+Real files in a temporary directory; the store through its request path
+(:class:`ParameterService`). Restarting a real PS process is covered by
+``tests/integration/test_ps_durability.py``.
+"""
+
+import json
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tfdist.consistency import AsyncPolicy, DTSSPPolicy, SSPPolicy
+from tfdist.consistency.sync_replicas import BSPPolicy
+from tfdist.ps import checkpoint as ckpt
+from tfdist.ps.placement import VariableSpec
+from tfdist.ps.protocol import RequestError
+from tfdist.ps.server import ParameterService, PSServer
+from tfdist.ps.store import ParameterStore
+
+SPECS = [VariableSpec("a", "float32", (2, 2)), VariableSpec("b", "float32", (3,))]
+SPEC_DICTS = [s.to_dict() for s in SPECS]
+
+
+def values(a=1.0):
+    return {"a": np.full((2, 2), a, np.float32), "b": np.arange(3, dtype=np.float32)}
+
+
+def store_with(policy, num_workers=2, **meta):
+    store = ParameterStore(policy, num_workers=num_workers)
+    ParameterService(store).call("Init", values(), worker=0, specs=SPEC_DICTS, **meta)
+    return store
+
+
+def call(store, method, tensors=None, **meta):
+    return ParameterService(store).call(method, tensors, **meta)
+
+
+# ---------------------------------------------------------------------- files
+def test_write_then_read_gives_the_same_arrays_and_meta(tmp_path):
+    arrays = {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "bf": np.ones(5, ml_dtypes.bfloat16),
+              "i": np.array([1, 2], np.int64), "empty": np.zeros((0, 3), np.float32)}
+    ckpt.write_shard(str(tmp_path), 1, 2, 7, {"hello": [1, 2]}, arrays)
+    got = ckpt.read_shard(str(tmp_path), 1)
+    assert got.step == 7 and got.ps == 1 and got.num_ps == 2 and got.meta == {"hello": [1, 2]}
+    assert set(got.values) == set(arrays)
+    for k, v in arrays.items():
+        assert got.values[k].dtype == v.dtype and got.values[k].shape == v.shape
+        np.testing.assert_array_equal(got.values[k].astype(np.float64), v.astype(np.float64))
+        assert got.values[k].flags.writeable  # copies, not views into the file's bytes
+
+
+def test_only_the_newest_k_are_kept_and_the_newest_is_read(tmp_path):
+    for step in (3, 10, 11, 40):
+        ckpt.write_shard(str(tmp_path), 0, 1, step, {"step": step}, values(step), keep=2)
+    assert ckpt.list_steps(str(tmp_path), 0) == [11, 40]
+    assert sorted(os.listdir(tmp_path / "ps-0")) == [
+        "ckpt-000000000011.data", "ckpt-000000000011.json", "ckpt-000000000040.data", "ckpt-000000000040.json"]
+    assert ckpt.read_shard(str(tmp_path), 0).meta == {"step": 40}
+    assert ckpt.read_shard(str(tmp_path), 0, step=11).meta == {"step": 11}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "no_manifest", "bad_manifest", "no_data"])
+def test_a_torn_or_corrupted_checkpoint_is_never_read_the_previous_one_is(tmp_path, damage):
+    ckpt.write_shard(str(tmp_path), 0, 1, 5, {"step": 5}, values(5))
+    ckpt.write_shard(str(tmp_path), 0, 1, 9, {"step": 9}, values(9))
+    data = tmp_path / "ps-0" / "ckpt-000000000009.data"
+    manifest = tmp_path / "ps-0" / "ckpt-000000000009.json"
+    raw = data.read_bytes()
+    if damage == "truncate":  # the process died while writing (what a non-atomic write would leave)
+        data.write_bytes(raw[: len(raw) // 2])
+    elif damage == "flip":
+        data.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
+    elif damage == "no_manifest":  # died after the data, before the manifest: the checkpoint does not exist
+        manifest.unlink()
+    elif damage == "bad_manifest":
+        manifest.write_text('{"format": 1, "ps": 0')
+    else:
+        data.unlink()
+    got = ckpt.read_shard(str(tmp_path), 0)
+    assert got.step == 5 and got.meta == {"step": 5}
+    np.testing.assert_array_equal(got.values["a"], values(5)["a"])
+
+
+def test_nothing_to_read_and_other_layouts(tmp_path):
+    assert ckpt.read_shard(str(tmp_path / "missing"), 0) is None
+    ckpt.write_shard(str(tmp_path), 0, 2, 1, {}, values())
+    assert ckpt.read_shard(str(tmp_path), 0, num_ps=3) is None  # a job with another number of PS tasks
+    assert ckpt.read_shard(str(tmp_path), 0, num_ps=2).step == 1
+    (tmp_path / "ps-0" / "ckpt-000000000002.json").write_text(json.dumps({"format": 99}))
+    assert ckpt.read_shard(str(tmp_path), 0).step == 1
+
+
+def test_common_steps_are_the_cuts_every_shard_has(tmp_path):
+    for ps, steps in ((0, (2, 4, 6)), (1, (4, 6, 7)), (2, (1, 4, 6))):
+        for step in steps:
+            ckpt.write_shard(str(tmp_path), ps, 3, step, {}, values(), keep=5)
+    assert ckpt.common_steps(str(tmp_path), 3) == [4, 6]
+    assert ckpt.common_steps(str(tmp_path), 4) == []
+
+
+def test_an_unwritable_directory_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ckpt.CheckpointError, match="ps.checkpoint_dir"):
+        ckpt.write_shard(str(blocker / "sub"), 0, 1, 1, {}, values())
+
+
+# ---------------------------------------------------------------------- store
+def comparable(state):
+    """The state a restore must reproduce (liveness times and counters of requests served are not kept)."""
+    drop = {"init_time", "last_seen", "ever_seen", "expected", "stats", "incarnation", "restored_from",
+            "accumulated", "contributors", "history"}
+    out = {k: v for k, v in state.items() if k not in drop}
+    out["values"] = {k: v.tolist() for k, v in state["values"].items()}
+    return out
+
+
+@pytest.mark.parametrize("policy", [AsyncPolicy(), SSPPolicy(2), DTSSPPolicy(window=2)], ids=lambda p: p.name)
+def test_update_path_store_restores_exactly(policy):
+    store = store_with(policy, num_workers=3)
+    for clock in range(1, 6):
+        for w in (0, 1):
+            call(store, "Push", {"a": np.full((2, 2), 0.25 * w, np.float32)}, worker=w, clock=clock,
+                 loss=1.0 / clock, steps=2)
+    call(store, "SetExcluded", worker=0, excluded=[2])
+    call(store, "Done", worker=1)
+    step, meta, arrays = store.checkpoint_state()
+    assert step == store.progress == 20
+    json.dumps(meta)  # JSON-able
+    fresh = ParameterStore(None, num_workers=3)
+    fresh.restore(meta, arrays)
+    assert comparable(fresh.state()) == comparable(store.state())
+    assert fresh.restored_from == 20 and fresh.policy.spec() == policy.spec()
+    # it serves: a push lands on the restored values, and the restored clocks hold
+    reply, _ = call(fresh, "Push", {"b": np.ones(3, np.float32)}, worker=0, clock=6)
+    assert reply["applied"] and reply["incarnation"] == fresh.incarnation
+    np.testing.assert_array_equal(fresh.state()["values"]["b"], store.state()["values"]["b"] + 1)
+    if policy.name != "async":
+        assert fresh.policy.clocks == {0: 6, 1: 5}
+
+
+def test_gradient_path_store_restores_its_state_snapshot():
+    store = store_with(BSPPolicy(2))
+    for step in range(3):
+        for w in (0, 1):
+            call(store, "PushGradients", {"a": np.ones((2, 2), np.float32)}, worker=w, step=step)
+        call(store, "PutState", values(step + 10.0), worker=0, step=step + 1)
+    step, meta, arrays = store.checkpoint_state()
+    assert step == 3
+    fresh = ParameterStore(None, num_workers=2)
+    fresh.restore(meta, arrays)
+    assert fresh.global_step == fresh.state_step == 3
+    np.testing.assert_array_equal(fresh.state()["values"]["a"], values(12.0)["a"])
+    # the job goes on from step 3 on the restored task: worker 0's gradient is counted (its wait for
+    # worker 1 runs out here), worker 1's completes the step
+    with pytest.raises(RequestError, match="gradient is counted") as e:
+        call(fresh, "PushGradients", {"a": np.ones((2, 2), np.float32)}, worker=0, step=3, timeout=0.1)
+    assert e.value.grpc_code == "ABORTED"
+    reply, aggregate = call(fresh, "PushGradients", {"a": np.ones((2, 2), np.float32)}, worker=1, step=3)
+    assert not reply["dropped"] and fresh.global_step == 4
+    np.testing.assert_array_equal(aggregate["a"], np.full((2, 2), 2.0))
+
+
+def test_restore_is_refused_whole():
+    store = store_with(AsyncPolicy())
+    _, meta, arrays = store.checkpoint_state()
+    busy = store_with(AsyncPolicy())
+    before = comparable(busy.state())
+    with pytest.raises(RequestError, match="holds no values"):
+        busy.restore(meta, arrays)
+    assert comparable(busy.state()) == before
+    other_size = ParameterStore(None, num_workers=5)
+    with pytest.raises(RequestError, match="5 workers|2 workers"):
+        other_size.restore(meta, arrays)
+    assert not other_size.initialized
+    broken = ParameterStore(None, num_workers=2)
+    with pytest.raises(RequestError, match="does not match"):
+        broken.restore(meta, {"a": arrays["a"]})
+    assert not broken.initialized
+
+
+def test_steps_capture_snapshots_at_each_multiple():
+    store = store_with(AsyncPolicy())
+    store.checkpoint_every_steps = 4
+    for clock in range(1, 8):
+        call(store, "Push", {"b": np.ones(3, np.float32)}, worker=0, clock=clock, steps=3)
+    captured = store.take_captured()
+    # progress 3, 6, 9, 12, 15, 18, 21 crosses 4, 8, 12, 16, 20 at 6, 9, 12, 18, 21
+    assert [step for step, _, _ in captured] == [6, 9, 12, 18, 21]
+    assert captured[0][2]["b"].tolist() == [2.0, 3.0, 4.0]
+    assert store.take_captured() == []
+
+
+# ---------------------------------------------------------------------- the writer and the server
+def test_a_server_writes_checkpoints_and_a_new_one_restores_the_newest(tmp_path):
+    d = str(tmp_path / "ckpt")
+    server = PSServer(num_workers=2, checkpoint_dir=d, checkpoint_every_steps=2, checkpoint_keep=2,
+                      tune_malloc=False).start()
+    try:
+        svc = server.service
+        svc.call("Init", values(), worker=0, specs=SPEC_DICTS, policy={"policy": "async"}, num_workers=2)
+        for clock in range(1, 6):
+            svc.call("Push", {"b": np.ones(3, np.float32)}, worker=1, clock=clock)
+        meta, _ = svc.call("Checkpoint", worker=1)
+        assert meta["step"] == 5 and meta["path"].endswith("ckpt-000000000005.json")
+        with pytest.raises(RequestError, match="not a worker"):
+            svc.call("Checkpoint", worker=7)
+        status, _ = svc.call("Status", brief=True)
+        assert status["checkpoint"]["last_step"] == 5 and status["checkpoint"]["written"] >= 2
+        incarnation = status["incarnation"]
+        svc.call("Push", {"b": np.ones(3, np.float32)}, worker=1, clock=6)
+    finally:
+        server.stop(0)  # the final checkpoint: step 6
+    assert ckpt.list_steps(d, 0) == [5, 6]
+    again = PSServer(num_workers=2, checkpoint_dir=d, tune_malloc=False)
+    try:
+        status, _ = again.service.call("Status", brief=True)
+        assert status["initialized"] and status["restored_from"] == 6 and status["incarnation"] != incarnation
+        _, got = again.service.call("Pull", worker=0)
+        np.testing.assert_array_equal(got["b"], np.arange(3) + 6)
+    finally:
+        again.stop(0, final_checkpoint=False)

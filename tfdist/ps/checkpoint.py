@@ -1,0 +1,416 @@
+"""Checkpoint files of parameter-server shards: atomic writes, verified reads, the last K kept.
+
+Layout under the job's ``ps.checkpoint_dir`` (a local path, or any URL
+``tf.io.gfile`` writes, e.g. ``gs://bucket/run``; TensorFlow is imported only
+for URLs)::
+
+    <dir>/ps-<i>/ckpt-<step:012d>.data    the shard: one tfdist.wire message
+    <dir>/ps-<i>/ckpt-<step:012d>.json    its manifest, written last
+
+A checkpoint exists only once its manifest does. The data file is written
+first (under a temporary name, then renamed), then the manifest the same
+way; the manifest holds the data file's size and SHA-256, and a read checks
+both. A write torn at any point therefore leaves either no manifest (the
+checkpoint is not there) or a data file that fails the check (the reader
+skips it, with a warning, and takes the previous one): a torn write is never
+read. ``step`` is the shard's position in the job: the state snapshot's
+global step on the gradient path, the number of applied batches on the update
+path.
+
+Each PS task writes its own directory, so tasks need no shared file system;
+:func:`common_steps` finds the steps every shard has (a consistent cut of a
+synchronous job).
+
+Importing this module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from tfdist import wire
+from tfdist.errors import TfdistError, WireFormatError
+
+__all__ = ["CheckpointError", "ShardCheckpoint", "ShardCheckpointer", "write_shard", "list_steps", "read_shard", "common_steps",
+           "FORMAT_VERSION"]
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^ckpt-(\d{12})\.json$")
+
+
+class CheckpointError(TfdistError):
+    """A checkpoint could not be written or read (the message names the path)."""
+
+
+@dataclass(frozen=True)
+class ShardCheckpoint:
+    """One PS shard's checkpoint, read and verified."""
+
+    step: int
+    ps: int
+    num_ps: int
+    meta: dict[str, Any]
+    values: dict[str, np.ndarray]
+    path: str
+    written_at: float
+
+
+# ------------------------------------------------------------------ file system
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
+def _gfile():
+    import tensorflow as tf  # only for URLs (gs://, s3://, hdfs://): a local PS stays TF-free
+
+    return tf.io.gfile
+
+
+def _join(*parts: str) -> str:
+    if _is_url(parts[0]):
+        return "/".join([parts[0].rstrip("/"), *parts[1:]])
+    return os.path.join(*parts)
+
+
+def _makedirs(path: str) -> None:
+    if _is_url(path):
+        _gfile().makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        if _is_url(path):
+            return [n.rstrip("/") for n in _gfile().listdir(path)]
+        return os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except Exception as e:  # gfile's NotFoundError and friends
+        if type(e).__name__ == "NotFoundError":
+            return []
+        raise
+
+
+def _write_atomically(path: str, chunks: Iterable[bytes | memoryview]) -> tuple[int, str]:
+    """Writes ``chunks`` to ``path`` via a temporary file and a rename; returns (size, sha256)."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    digest, size = hashlib.sha256(), 0
+    try:
+        if _is_url(path):
+            gfile = _gfile()
+            with gfile.GFile(tmp, "wb") as f:
+                for chunk in chunks:
+                    f.write(bytes(chunk))
+                    digest.update(chunk)
+                    size += memoryview(chunk).nbytes
+            gfile.rename(tmp, path, overwrite=True)
+        else:
+            with open(tmp, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                    digest.update(chunk)
+                    size += memoryview(chunk).nbytes
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+    return size, digest.hexdigest()
+
+
+def _read(path: str) -> bytes:
+    if _is_url(path):
+        with _gfile().GFile(path, "rb") as f:
+            return f.read()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _remove(path: str) -> None:
+    try:
+        if _is_url(path):
+            _gfile().remove(path)
+        else:
+            os.remove(path)
+    except Exception:  # already gone, or never written
+        pass
+
+
+# ------------------------------------------------------------------ checkpoints
+def shard_dir(directory: str, ps: int) -> str:
+    return _join(directory, f"ps-{ps}")
+
+
+def _paths(directory: str, ps: int, step: int) -> tuple[str, str]:
+    base = _join(shard_dir(directory, ps), f"ckpt-{step:012d}")
+    return base + ".data", base + ".json"
+
+
+def write_shard(directory: str, ps: int, num_ps: int, step: int, meta: Mapping[str, Any],
+                values: Mapping[str, np.ndarray], keep: int = 3) -> str:
+    """Writes one shard's checkpoint atomically, then deletes all but the newest ``keep``.
+
+    Args:
+        directory: The job's checkpoint directory (``ps.checkpoint_dir``).
+        ps: This PS task's index. num_ps: PS tasks of the job.
+        step: The shard's position (see the module docstring); a later
+            checkpoint of the same step replaces the earlier one.
+        meta: JSON-able store state (specs, counters, clocks, membership).
+        values: Variable key → array.
+        keep: Checkpoints of this shard to keep (>= 1).
+
+    Returns:
+        The manifest's path.
+
+    Raises:
+        CheckpointError: the directory is not writable (the message names it).
+    """
+    data_path, manifest_path = _paths(directory, ps, step)
+    try:
+        _makedirs(shard_dir(directory, ps))
+        size, sha = _write_atomically(data_path, wire.encode_chunks(dict(meta), values))
+        manifest = {"format": FORMAT_VERSION, "ps": ps, "num_ps": num_ps, "step": int(step), "bytes": size,
+                    "sha256": sha, "written_at": time.time(), "data": os.path.basename(data_path)}
+        _write_atomically(manifest_path, [json.dumps(manifest, sort_keys=True).encode("utf-8")])
+    except (OSError, WireFormatError) as e:
+        raise CheckpointError(f"Could not write the checkpoint of ps:{ps} to {data_path}: {e}. Check that "
+                              "ps.checkpoint_dir exists or can be created, and is writable by the PS task.") from e
+    except Exception as e:  # gfile raises its own types
+        if type(e).__module__.startswith("tensorflow"):
+            raise CheckpointError(f"Could not write the checkpoint of ps:{ps} to {data_path}: {e}") from e
+        raise
+    for old in list_steps(directory, ps)[:-keep]:
+        for path in _paths(directory, ps, old):
+            _remove(path)
+    return manifest_path
+
+
+def list_steps(directory: str, ps: int) -> list[int]:
+    """Steps of the shard's checkpoints whose manifest exists, oldest first (not verified yet)."""
+    steps = []
+    for name in _listdir(shard_dir(directory, ps)):
+        m = _NAME.match(name)
+        if m:
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def read_shard(directory: str, ps: int, step: int | None = None, num_ps: int | None = None
+               ) -> ShardCheckpoint | None:
+    """The newest verified checkpoint of shard ``ps`` (or the one of ``step``); ``None`` if there is none.
+
+    A checkpoint that fails verification (torn, truncated, corrupted, another
+    job's layout) is skipped with a warning and the previous one is tried;
+    with ``step`` given, only that one is tried.
+
+    Args:
+        num_ps: When given, a checkpoint written by a job with another number
+            of PS tasks is refused (its shards hold other variables).
+    """
+    candidates = [step] if step is not None else list(reversed(list_steps(directory, ps)))
+    for s in candidates:
+        try:
+            return _read_verified(directory, ps, s, num_ps)
+        except CheckpointError as e:
+            logger.warning("ps:%d: skipping checkpoint %d: %s", ps, s, e)
+    return None
+
+
+def _read_verified(directory: str, ps: int, step: int, num_ps: int | None) -> ShardCheckpoint:
+    data_path, manifest_path = _paths(directory, ps, step)
+    try:
+        manifest = json.loads(_read(manifest_path).decode("utf-8"))
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
+            raise CheckpointError(f"{manifest_path}: not a tfdist checkpoint manifest of format {FORMAT_VERSION}")
+        if manifest.get("ps") != ps or manifest.get("step") != step:
+            raise CheckpointError(f"{manifest_path}: names ps:{manifest.get('ps')} step {manifest.get('step')}")
+        if num_ps is not None and manifest.get("num_ps") != num_ps:
+            raise CheckpointError(
+                f"{manifest_path} was written by a job with {manifest.get('num_ps')} PS task(s); this job has "
+                f"{num_ps}. Use another ps.checkpoint_dir, or the same number of PS tasks.")
+        data = _read(data_path)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {manifest_path} or its data: {e}") from e
+    if len(data) != manifest.get("bytes") or hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+        raise CheckpointError(f"{data_path} does not match its manifest (torn or corrupted write)")
+    try:
+        meta, values = wire.decode(data)
+    except WireFormatError as e:
+        raise CheckpointError(f"{data_path}: {e}") from e
+    return ShardCheckpoint(step, ps, int(manifest["num_ps"]), meta,
+                           {k: np.array(v, copy=True) for k, v in values.items()},
+                           manifest_path, float(manifest.get("written_at", 0.0)))
+
+
+def common_steps(directory: str, num_ps: int) -> list[int]:
+    """Steps for which every one of ``num_ps`` shards has a checkpoint (a consistent cut), oldest first."""
+    steps: set[int] | None = None
+    for ps in range(num_ps):
+        mine = set(list_steps(directory, ps))
+        steps = mine if steps is None else steps & mine
+    return sorted(steps or ())
+
+
+# ------------------------------------------------------------------ the writer of one PS task
+class ShardCheckpointer:
+    """Writes one PS task's checkpoints in the background: by steps, by time, on demand, at the end.
+
+    Snapshots are copied under the store's lock (a memory copy) and written
+    by one writer thread, so training waits only for the copy. At most
+    ``max_queued`` snapshots wait to be written; a periodic one that finds the
+    queue full is skipped with a warning (a slow file system never grows the
+    PS's memory without bound).
+
+    Args:
+        store: The task's :class:`~tfdist.ps.store.ParameterStore`.
+        directory: ``ps.checkpoint_dir``.
+        ps, num_ps: This task's index and the job's number of PS tasks.
+        every_s: Write a checkpoint this often when the shard moved since the
+            last one (``ps.checkpoint_every_s``); ``None``: not by time.
+        every_steps: Capture one each time the shard's step crosses a multiple
+            of this (``ps.checkpoint_every_steps``); ``None``: not by steps.
+        keep: Checkpoints kept (``ps.checkpoint_keep``).
+    """
+
+    def __init__(self, store, directory: str, ps: int, num_ps: int, every_s: float | None = None,
+                 every_steps: int | None = None, keep: int = 3, max_queued: int = 2):
+        self.store = store
+        self.directory = directory
+        self.ps, self.num_ps = ps, num_ps
+        self.every_s, self.every_steps, self.keep = every_s, every_steps, keep
+        self.max_queued = max_queued
+        store.checkpoint_every_steps = every_steps
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._writer = threading.Thread(target=self._write_loop, name=f"tfdist-ps{ps}-checkpoint", daemon=True)
+        self._timer = threading.Thread(target=self._timer_loop, name=f"tfdist-ps{ps}-checkpoint-timer", daemon=True)
+        #: Step of the newest checkpoint written (or restored); ``None``: none yet.
+        self.last_step: int | None = None
+        self.last_path: str | None = None
+        self.stats = {"written": 0, "skipped": 0, "failed": 0, "seconds": 0.0, "bytes": 0}
+        self.last_error: str | None = None
+
+    # ------------------------------------------------------------------ restore
+    def restore(self) -> int | None:
+        """Loads this task's newest verified checkpoint into the store; returns its step (``None``: none)."""
+        ckpt = read_shard(self.directory, self.ps, num_ps=self.num_ps)
+        if ckpt is None:
+            return None
+        self.store.restore(ckpt.meta, ckpt.values)
+        self.last_step, self.last_path = ckpt.step, ckpt.path
+        return ckpt.step
+
+    # ------------------------------------------------------------------ running
+    def start(self) -> "ShardCheckpointer":
+        self._writer.start()
+        if self.every_s:
+            self._timer.start()
+        return self
+
+    def after_update(self) -> None:
+        """Called after every request that may move the shard: queues the snapshots the store captured."""
+        if not self.every_steps:
+            return
+        for snapshot in self.store.take_captured():
+            self._enqueue(snapshot, forced=False)
+
+    def checkpoint_now(self, timeout: float | None = None) -> tuple[int | None, str | None]:
+        """Writes a checkpoint of the current state and waits for it; returns ``(step, manifest path)``.
+
+        Raises:
+            CheckpointError: the write failed, or did not finish within ``timeout``.
+        """
+        snapshot = self.store.checkpoint_state()
+        if snapshot is None:
+            return None, None
+        done = threading.Event()
+        result: dict[str, Any] = {}
+        self._enqueue(snapshot, forced=True, done=(done, result))
+        if not done.wait(timeout):
+            raise CheckpointError(f"The checkpoint of ps:{self.ps} was not written within {timeout:g} s.")
+        if "error" in result:
+            raise CheckpointError(result["error"])
+        return snapshot[0], result.get("path")
+
+    def close(self, final: bool = True, timeout: float = 60.0) -> None:
+        """Stops the threads; with ``final``, first writes the state if it moved since the last checkpoint."""
+        self._stop.set()
+        if final and self.store.initialized and self.store.checkpoint_step() != self.last_step:
+            try:
+                self.checkpoint_now(timeout=timeout)
+            except CheckpointError as e:
+                logger.warning("ps:%d: the final checkpoint failed: %s", self.ps, e)
+        self._queue.put(None)
+        if self._writer.is_alive():
+            self._writer.join(timeout)
+
+    # ------------------------------------------------------------------ threads
+    def _enqueue(self, snapshot, forced: bool, done=None) -> None:
+        if not forced and self._queue.qsize() >= self.max_queued:
+            self.stats["skipped"] += 1
+            logger.warning("ps:%d: checkpoint of step %d skipped: %d still being written (the checkpoint "
+                           "directory is slower than ps.checkpoint_every_steps/_s asks)", self.ps, snapshot[0],
+                           self._queue.qsize())
+            return
+        self._queue.put((snapshot, done))
+
+    def _timer_loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            if not self.store.initialized or self.store.checkpoint_step() == self.last_step:
+                continue
+            snapshot = self.store.checkpoint_state()
+            if snapshot is not None:
+                self._enqueue(snapshot, forced=False)
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            (step, meta, values), done = item
+            start = time.perf_counter()
+            try:
+                path = write_shard(self.directory, self.ps, self.num_ps, step, meta, values, self.keep)
+            except Exception as e:  # a failed write is reported; training goes on
+                self.stats["failed"] += 1
+                self.last_error = str(e)
+                logger.error("ps:%d: checkpoint of step %d failed: %s", self.ps, step, e)
+                if done is not None:
+                    done[1]["error"] = str(e)
+                    done[0].set()
+                continue
+            seconds = time.perf_counter() - start
+            with self._lock:
+                self.stats["written"] += 1
+                self.stats["seconds"] += seconds
+                self.stats["bytes"] += sum(v.nbytes for v in values.values())
+                if self.last_step is None or step >= self.last_step:
+                    self.last_step, self.last_path = step, path
+            logger.info("ps:%d: checkpoint of step %d written in %.2f s (%s)", self.ps, step, seconds, path)
+            if done is not None:
+                done[1]["path"] = path
+                done[0].set()
+
+    def describe(self) -> dict[str, Any]:
+        """For ``Status``: where, how often, the newest step, counters."""
+        with self._lock:
+            return {"dir": self.directory, "every_s": self.every_s, "every_steps": self.every_steps,
+                    "keep": self.keep, "last_step": self.last_step, "last_error": self.last_error,
+                    **self.stats}
