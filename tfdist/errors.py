@@ -47,6 +47,18 @@ class PSUnavailableError(PSError):
     """
 
 
+class PSRestartedError(PSUnavailableError):
+    """A parameter-server task restarted (a new incarnation) since this worker last talked to it.
+
+    Workers recover from it by themselves (``ps.reconnect_timeout_s``); it
+    reaches user code only when recovery is not possible.
+    """
+
+    def __init__(self, message: str, ps: int | None = None):
+        super().__init__(message)
+        self.ps = ps
+
+
 class PSRejectedError(PSError):
     """A parameter server refused a request (bad variable, dtype, shape, ...).
 

@@ -161,7 +161,7 @@ def test_requests_before_init_are_refused():
     store = ParameterStore(AsyncPolicy())
     with pytest.raises(RequestError, match="no variables yet") as e:
         call(store, "Push", {"a": np.zeros((2, 2), np.float32)}, worker=0, clock=0)
-    assert e.value.grpc_code == "FAILED_PRECONDITION"
+    assert e.value.grpc_code == "UNAVAILABLE"
     meta, _ = call(store, "WaitInit", timeout_s=0.01)
     assert meta["initialized"] is False
 

@@ -259,6 +259,8 @@ class LocalJob:
         self.tasks: dict[str, TaskProcess] = {}
         #: Training tasks that failed and that the job went on without (``launch.on_worker_failure``).
         self.failed_workers: list[TaskSpec] = []
+        #: Restarts of each parameter-server task after it died (``launch.restart_ps``).
+        self.ps_restarts: dict[str, int] = {}
         #: TF intra-op threads per training task (``launch.threads_per_task``); None: TF's default.
         self.threads_per_task = local_threads_per_task(self.config)
         if self.threads_per_task is not None and "TF_NUM_INTRAOP_THREADS" not in {**os.environ, **self.config.launch.env}:
@@ -394,6 +396,8 @@ class LocalJob:
                 if code is None or code == 0 or key in left_out:
                     continue
                 decision = None
+                if proc.task.job == "ps" and self._restart_ps(proc):
+                    continue
                 if proc.task.job in TRAINING_JOBS:
                     decision = self._worker_failure_decision(proc.task)
                     if not decision.stop:
@@ -409,6 +413,22 @@ class LocalJob:
                     f"still running: {running}. Stopped all tasks. Logs: {self.log_dir}"
                 )
             time.sleep(poll_s)
+
+    def _restart_ps(self, proc: TaskProcess) -> bool:
+        """Starts a dead PS task again at its address (``launch.restart_ps``); False when it may not be."""
+        key = str(proc.task)
+        done = self.ps_restarts.get(key, 0)
+        if not self.config.launch.restart_ps or done >= self.config.launch.max_ps_restarts:
+            return False
+        self.ps_restarts[key] = done + 1
+        restore = (f"it restores its newest checkpoint from {self.config.ps.checkpoint_dir}"
+                   if self.config.ps.checkpoint_dir else
+                   "no ps.checkpoint_dir: the chief initialises it again from its current values")
+        logger.warning("Task %s; restarting it (%d of at most %d, launch.max_ps_restarts): %s. Workers reconnect "
+                       "within ps.reconnect_timeout_s=%g s.", proc.describe_exit(), done + 1,
+                       self.config.launch.max_ps_restarts, restore, self.config.ps.reconnect_timeout_s)
+        self.start_task(proc.task)
+        return True
 
     def _worker_failure_decision(self, task: TaskSpec) -> FailureDecision:
         cluster = self.config.cluster

@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tfdist.consistency.ssp import cache_is_fresh_enough
-from tfdist.errors import PSRejectedError, PSUnavailableError
+from tfdist.errors import PSRejectedError, PSRestartedError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec
 from tfdist.ps.protocol import (
@@ -76,6 +76,13 @@ class WorkerSession:
             float additions the PS made). Defaults to ``True``.
         nonfinite: What the PS does with NaN/Inf values: ``"refuse"``
             (default) or ``"allow"``; the chief's choice holds for the job.
+        reconnect_timeout_s: How long :meth:`recover` tries to reach a lost
+            PS task again (``ps.reconnect_timeout_s``). Defaults to 60.
+
+    Every reply names the PS task's *incarnation* (one per start of the
+    task); a reply from another incarnation than the one this worker knows
+    raises :class:`~tfdist.errors.PSRestartedError`, and the runtime calls
+    :meth:`recover`.
     """
 
     def __init__(
@@ -91,8 +98,12 @@ class WorkerSession:
         num_workers: int = 1,
         conditional_pull: bool = True,
         nonfinite: str = "refuse",
+        reconnect_timeout_s: float = 60.0,
     ):
         self.client = client
+        self.reconnect_timeout_s = reconnect_timeout_s
+        #: The incarnation of each PS task this worker's state comes from (``None``: not heard yet).
+        self.incarnation: list[int | None] = [None] * plan.num_ps
         self.nonfinite = nonfinite
         #: Whether a push and the following read may travel as one PushPull (reads that never wait: ASP).
         self.push_pull = True
@@ -116,7 +127,7 @@ class WorkerSession:
         self._base: dict[str, np.ndarray] | None = None
         self._by_key = {s.key: s for s in self.specs}
         self.stats = {"syncs": 0, "pulls": 0, "bytes_pushed": 0, "bytes_pulled": 0, "sync_seconds": 0.0,
-                      "unchanged_replies": 0}
+                      "unchanged_replies": 0, "recoveries": 0}
         self._hb_interval = heartbeat_interval_s
         self._hb_stop = threading.Event()
         self._hb_thread = None
@@ -158,6 +169,105 @@ class WorkerSession:
         return tuple(out)
 
     # ---------------------------------------------------------- protocol
+    def _request_many(self, requests, timeout: float | None = None):
+        """``client.request_many`` whose replies must come from the PS incarnations this worker knows."""
+        replies = self.client.request_many(requests, timeout)
+        self._check_incarnations({ps: meta for ps, (meta, _) in replies.items()})
+        return replies
+
+    def _check_incarnations(self, metas: Mapping[int, Mapping]) -> None:
+        for ps, meta in metas.items():
+            incarnation = meta.get("incarnation")
+            if incarnation is None:
+                continue
+            known = self.incarnation[ps]
+            if known is None:
+                self.incarnation[ps] = incarnation
+            elif incarnation != known:
+                raise PSRestartedError(
+                    f"Parameter server ps:{ps} at {self.client.addresses[ps]} restarted (incarnation {known} → "
+                    f"{incarnation}) since worker {self.worker_id} last talked to it.", ps=ps)
+
+    def recover(self, cause: Exception, local_values: Mapping[str, np.ndarray] | None = None
+                ) -> dict[str, np.ndarray]:
+        """Carries on after a PS task was lost or restarted; returns the values to load.
+
+        Tries (with backoff, within ``reconnect_timeout_s``) until every PS
+        task answers. A task that restarted from a checkpoint holds its
+        restored state; one that restarted *without* a checkpoint is
+        initialised again from the chief's current values (``local_values``,
+        given on the chief; the other workers wait for it, within the same
+        bound), so no task ever serves a fresh, untrained shard. Then every
+        variable is pulled. What this worker sent in the call that failed is
+        lost on the task that restarted (at most one step; the tasks that
+        did not restart may already have applied it).
+
+        Raises:
+            PSUnavailableError: a task did not come back within ``reconnect_timeout_s``.
+        """
+        start = time.monotonic()
+        deadline = start + self.reconnect_timeout_s
+        logger.warning("worker %d: lost a parameter server (%s); reconnecting (ps.reconnect_timeout_s=%g)",
+                       self.worker_id, cause, self.reconnect_timeout_s)
+        self._base = None
+        statuses = self._wait_all_answer(deadline, cause)
+        restarted = [ps for ps in range(self.plan.num_ps)
+                     if statuses[ps].get("incarnation") != self.incarnation[ps]]
+        empty = [ps for ps in restarted if not statuses[ps].get("initialized")]
+        for ps in restarted:
+            if statuses[ps].get("initialized"):
+                logger.warning("worker %d: ps:%d restarted and restored its checkpoint of step %s",
+                               self.worker_id, ps, statuses[ps].get("restored_from"))
+        if empty:
+            self._reinitialize(empty, local_values, deadline)
+        self.incarnation = [None] * self.plan.num_ps  # learnt again from the pull's replies
+        values = self.pull()
+        self.stats["recoveries"] += 1
+        logger.warning("worker %d: training goes on after %.1f s (restarted: %s)", self.worker_id,
+                       time.monotonic() - start, [f"ps:{ps}" for ps in restarted] or "none")
+        return values
+
+    def _wait_all_answer(self, deadline: float, cause: Exception) -> dict[int, dict]:
+        delay = 0.1
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                replies = self.client.call_all("Status", {"brief": True}, timeout=max(0.5, min(5.0, remaining)))
+                return {ps: meta for ps, (meta, _) in replies.items()}
+            except PSUnavailableError as e:
+                if time.monotonic() + delay > deadline:
+                    raise PSUnavailableError(
+                        f"A parameter server did not come back within {self.reconnect_timeout_s:g} s "
+                        f"(ps.reconnect_timeout_s): {e}. It was lost with: {cause}") from e
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+
+    def _reinitialize(self, tasks: list[int], local_values: Mapping[str, np.ndarray] | None, deadline: float
+                      ) -> None:
+        """Tasks that restarted with no state: the chief initialises them again; the others wait for it."""
+        if self.is_chief and local_values is not None:
+            parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
+            self.client.request_many({
+                ps: InitRequest(self.worker_id, self._shard_specs(ps), parts[ps], self.policy_spec,
+                                self.num_workers, step=self.global_step, nonfinite=self.nonfinite)
+                for ps in tasks})
+            logger.warning("worker %d: ps:%s restarted without a checkpoint; initialised again from this worker's "
+                           "current values (set ps.checkpoint_dir to restore instead)", self.worker_id, tasks)
+            return
+        for ps in tasks:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise PSUnavailableError(
+                        f"Parameter server ps:{ps} restarted without a checkpoint and the chief did not "
+                        f"initialise it again within ps.reconnect_timeout_s={self.reconnect_timeout_s:g} s.")
+                wait = min(remaining, 5.0)
+                meta, _ = self.client.request(ps, WaitInitRequest(self.worker_id, wait, self._shard_specs(ps),
+                                                                  self.policy_spec, self.num_workers),
+                                              timeout=wait + 5.0)
+                if meta["initialized"]:
+                    break
+
     def initialize(self, local_values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """Makes the PS and this worker agree on initial values.
 
@@ -173,7 +283,7 @@ class WorkerSession:
                                 self.num_workers, nonfinite=self.nonfinite)
                 for ps in range(self.plan.num_ps)
             }
-            replies = self.client.request_many(requests)
+            replies = self._request_many(requests)
             fresh = all(meta["initialized_here"] for meta, _ in replies.values())
             if fresh:
                 self._snapshot = {k: np.array(v, copy=True) for k, v in local_values.items()}
@@ -227,7 +337,7 @@ class WorkerSession:
             worker, clock = -1, 0
         else:
             worker, clock = self.worker_id, self.clock if clock is None else clock
-        replies = self.client.request_many(
+        replies = self._request_many(
             {ps: PullRequest(worker, clock, tuple(self.plan.keys_on(ps)), min_state_step)
              for ps in range(self.plan.num_ps)}
         )
@@ -250,13 +360,13 @@ class WorkerSession:
         deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
         parts = self._split(deltas)
         requests = self._push_requests(parts, self.clock + 1, loss, pull and self.push_pull, steps)
-        replies = self.client.request_many(requests)
+        replies = self._request_many(requests)
         self.stats["bytes_pushed"] += sum(d.nbytes for d in deltas.values())
         self.clock += 1
         self.stats["syncs"] += 1
         if pull and not self.push_pull:  # reads may wait (SSP): the push, then a read at the next clock
             self._note(replies)
-            replies = self.client.request_many(
+            replies = self._request_many(
                 {ps: PullRequest(self.worker_id, self.clock, tuple(self.plan.keys_on(ps)))
                  for ps in range(self.plan.num_ps)})
             values = self._absorb(replies)
@@ -540,7 +650,7 @@ class UpdateSession(WorkerSession):
         # the same float additions the PS makes.
         expected = {k: np.add(snapshot[k], d) for k, d in deltas.items()}
         parts = self._split(deltas)
-        replies = self.client.request_many(self._push_requests(parts, clock, loss, True, steps, version))
+        replies = self._request_many(self._push_requests(parts, clock, loss, True, steps, version))
         shards, expected_parts, changed = {}, None, set()
         for ps, (meta, tensors) in replies.items():
             if meta.get("unchanged"):
@@ -569,6 +679,13 @@ class UpdateSession(WorkerSession):
              ) -> dict[str, np.ndarray]:
         self.flush()  # the update in flight first; the pulled values replace the local ones anyway
         return super().pull(clock=clock, min_state_step=min_state_step, as_reader=as_reader)
+
+    def recover(self, cause: Exception, local_values: Mapping[str, np.ndarray] | None = None
+                ) -> dict[str, np.ndarray]:
+        self._exchange = None  # an overlapped exchange in flight is lost with the task
+        values = super().recover(cause, local_values)
+        self.cache_min_clock = self.min_clock
+        return values
 
     def close(self, done: bool = True) -> None:
         try:
@@ -653,7 +770,7 @@ class GradientSession(WorkerSession):
         start = time.perf_counter()
         parts = self._split({k: np.asarray(v) for k, v in grads.items()})
         step = self.global_step
-        replies = self.client.request_many(
+        replies = self._request_many(
             {ps: PushGradientsRequest(self.worker_id, step, parts[ps]) for ps in range(self.plan.num_ps)})
         metas = {ps: meta for ps, (meta, _) in replies.items()}
         self._note_membership(list(metas.values()))
@@ -700,7 +817,7 @@ class GradientSession(WorkerSession):
         if not self._write_state_on:
             return None
         parts = self._split({k: np.asarray(v) for k, v in state.items()})
-        self.client.request_many(
+        self._request_many(
             {ps: PutStateRequest(self.worker_id, self.global_step, parts[ps]) for ps in self._write_state_on})
         self.stats["state_writes"] += 1
         self._write_state_on = []

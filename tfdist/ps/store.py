@@ -299,10 +299,12 @@ class ParameterStore:
 
     def _require_initialized(self) -> None:
         if not self.initialized:
+            # UNAVAILABLE (retry later), not a refusal: workers only ever see it from a task that
+            # restarted without a checkpoint, and recover by waiting for the chief to initialise it.
             raise StoreError(
                 "The parameter server has no variables yet: the chief (or worker 0) "
                 "initialises them at its first step.",
-                grpc_code="FAILED_PRECONDITION",
+                grpc_code="UNAVAILABLE",
             )
 
     def _check_keys(self, keys: Iterable[str]) -> None:

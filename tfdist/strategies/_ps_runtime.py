@@ -37,6 +37,7 @@ from tfdist.consistency import ConsistencyPolicy, policy_from_spec
 from tfdist.errors import ClusterError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
+from tfdist.ps.protocol import CheckpointRequest
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.testing.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
 
@@ -238,6 +239,7 @@ class PSRuntime:
                 policy_spec=self.policy_spec,
                 num_workers=self.config.starting_workers,
                 nonfinite=self.config.ps.nonfinite,
+                reconnect_timeout_s=self.config.ps.reconnect_timeout_s,
             )
             values = session.initialize(self.registry.values() if self.is_chief else {})
             if values is not None:
@@ -247,6 +249,24 @@ class PSRuntime:
 
     def _new_session(self, *args, **kwargs) -> WorkerSession:
         raise NotImplementedError
+
+    def _recovering(self, call: Callable[[], Any]) -> Any:
+        """Runs ``call`` (an exchange with the PS); if a PS task was lost or restarted, recovers and returns None.
+
+        Recovery (:meth:`WorkerSession.recover`) reconnects within
+        ``ps.reconnect_timeout_s``, has the chief initialise a task that came
+        back empty, and loads the job's values into the variables; the
+        exchange that failed is not repeated (at most one step is lost).
+        """
+        try:
+            return call()
+        except PSUnavailableError as e:
+            session = self.session
+            if session is None or self._closed:
+                raise
+            values = session.recover(e, self.registry.values() if self.is_chief else None)
+            self.registry.assign(values)
+            return None
 
     # ------------------------------------------------------------------- steps
     def _require_training_task(self) -> None:
@@ -279,14 +299,16 @@ class PSRuntime:
             return
         self.step_wait_s = 0.0
         with self._blocked():
-            values = session.begin()
+            values = self._recovering(session.begin)
         if values is not None:
             self.registry.assign(values)
 
     def _refresh_for_reading(self, session: WorkerSession) -> None:
         """Before an evaluate/predict step (or on an evaluator): the job's freshest values."""
         self.flush_local_steps()
-        self.registry.assign(session.pull(as_reader=self._left or self.worker_id < 0))
+        values = self._recovering(lambda: session.pull(as_reader=self._left or self.worker_id < 0))
+        if values is not None:
+            self.registry.assign(values)
 
     def flush_local_steps(self) -> None:
         """Sends local steps the exchange held back (update path with ``exchange_every``)."""
@@ -378,6 +400,17 @@ class PSRuntime:
         self.session.rejoin()
         self._left = False
         logger.info("worker %d takes part in training again", self.worker_id)
+
+    def checkpoint(self) -> list[dict]:
+        """``strategy.checkpoint()``: every PS task writes its shard now (update path: local steps sent first)."""
+        self._require_training_task()
+        session = self.ensure_session()
+        self.flush_local_steps()
+        session.flush()
+        replies = session.client.request_many(
+            {ps: CheckpointRequest(self.worker_id) for ps in range(session.plan.num_ps)},
+            timeout=max(self.config.ps.rpc_timeout_s, 120.0))
+        return [{"step": meta.get("step"), "path": meta.get("path")} for _, (meta, _) in sorted(replies.items())]
 
     def evaluation_rounds(self, interval_s: float) -> Iterator[int]:
         """Side-car evaluation: see :meth:`ParameterServerStrategy.evaluation_rounds`."""
@@ -481,12 +514,12 @@ class UpdatePathRuntime(PSRuntime):
             self._send(self.registry.keyed(current), loss, steps)
 
     def _send_blocking(self, current: dict, loss: float | None, steps: int) -> None:
-        values = self.session.end(current, loss, steps=steps)
+        values = self._recovering(lambda: self.session.end(current, loss, steps=steps))
         if values is not None:
             self.registry.assign(values)
 
     def _send_overlapped(self, current: dict, loss: float | None, steps: int) -> None:
-        corrections = self.session.end_overlapped(current, loss, steps=steps)
+        corrections = self._recovering(lambda: self.session.end_overlapped(current, loss, steps=steps))
         if corrections:
             self.registry.add(corrections)
 

@@ -196,7 +196,11 @@ class ParameterServerStrategy(StrategyBase):
         from tfdist.ps.server import PSServer
 
         token = secrets.token_hex(16)
-        self._local_server = PSServer(None, token=token, num_workers=1, max_wait_s=config.ps.rpc_timeout_s).start()
+        ps = config.ps
+        self._local_server = PSServer(None, token=token, num_workers=1, max_wait_s=ps.rpc_timeout_s,
+                                      checkpoint_dir=ps.checkpoint_dir, checkpoint_every_s=ps.checkpoint_every_s,
+                                      checkpoint_every_steps=ps.checkpoint_every_steps,
+                                      checkpoint_keep=ps.checkpoint_keep).start()
         config.cluster = ClusterConfig(worker=[UNUSED_WORKER_ADDRESS], ps=[self._local_server.address])
         logger.info("no cluster given: training as one worker with an in-process parameter server at %s",
                     self._local_server.address)
@@ -256,6 +260,17 @@ class ParameterServerStrategy(StrategyBase):
         behind keeps its (identical) state.
         """
         self._runtime.refresh()
+
+    def checkpoint(self) -> list[dict]:
+        """Writes a checkpoint of every PS task's shard now (``ps.checkpoint_dir``) and waits for it.
+
+        Returns:
+            Per PS task, ``{"step", "path"}`` of the checkpoint written
+            (``None`` for both when the job has no ``ps.checkpoint_dir``).
+            Load it into a plain Keras model with
+            :func:`tfdist.checkpoint.load_into`.
+        """
+        return self._runtime.checkpoint()
 
     def ps_status(self) -> list[dict]:
         """Status of every PS task (version, live workers, counters, policy)."""

@@ -1,0 +1,93 @@
+"""Worker script for PS durability tests: a small MLP on digits; the chief pauses mid-fit while the test kills a PS.
+
+Usage: durability_worker.py --out DIR --mode async|ssp|bsp|sync_replicas [--m M] [--steps N]
+       [--pause-at K]   the chief, before its K-th step, writes ``paused`` and waits (bounded) for the
+                        test to write ``resume`` (the test kills a PS task meanwhile)
+
+Writes ``worker-<id>.json``: steps done, the final test accuracy of this
+worker's model (after a pull), the session's recovery count and the PS status
+after fit.
+"""
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfdist  # noqa: E402
+from tfdist.datasets import load_digits  # noqa: E402
+
+
+class Pause(keras.callbacks.Callback):
+    def __init__(self, out, at):
+        super().__init__()
+        self.out, self.at, self.steps = out, at, 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.at is not None and batch + 1 == self.at:
+            open(os.path.join(self.out, "paused"), "w").close()
+            deadline = time.monotonic() + 120
+            while not os.path.exists(os.path.join(self.out, "resume")):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the test did not say resume within 120 s")
+                time.sleep(0.02)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--mode", required=True, choices=["async", "ssp", "bsp", "sync_replicas"])
+    p.add_argument("--m", type=int)
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--pause-at", type=int)
+    args = p.parse_args()
+
+    if args.mode == "bsp":
+        strategy = tfdist.BSPStrategy()
+    elif args.mode == "sync_replicas":
+        strategy = tfdist.SyncReplicasStrategy(replicas_to_aggregate=args.m)
+    elif args.mode == "ssp":
+        strategy = tfdist.SSPStrategy(staleness=3)
+    else:
+        strategy = tfdist.ParameterServerStrategy()
+    me, n = strategy.worker_id, strategy.num_workers
+    data = load_digits()
+    x, y = data.x_train.reshape(-1, 64)[me::n], data.y_train[me::n]
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512, seed=me).repeat().batch(32)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dense(10, activation="softmax")])
+        model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+    pause = Pause(args.out, args.pause_at if me == 0 else None)
+    model.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=2,
+              callbacks=[pause, tfdist.callbacks.LeaveOnTrainEnd()])
+    strategy.pull()
+    _, accuracy = model.evaluate(data.x_test.reshape(-1, 64), data.y_test, verbose=0)
+    runtime = strategy.extended._runtime
+    result = {
+        "worker_id": me,
+        "steps": pause.steps,
+        "accuracy": float(accuracy),
+        "recoveries": runtime.session.stats["recoveries"],
+        "ps_status": [{k: st.get(k) for k in ("incarnation", "restored_from", "progress", "global_step",
+                                              "state_step", "checkpoint")} for st in strategy.ps_status()],
+    }
+    path = os.path.join(args.out, f"worker-{me}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(path + ".tmp", path)
+    print(f"worker {me} done after {result['steps']} steps, accuracy {accuracy:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
