@@ -115,25 +115,26 @@ TYPED = {
     "drain": st.lists(st.integers(0, NUM_WORKERS + 1), unique=True, max_size=2),
     "undrain": st.lists(st.integers(0, NUM_WORKERS), unique=True, max_size=2),
     "gone": st.lists(st.integers(0, NUM_WORKERS + 1), unique=True, max_size=2),
-    "total_batches": st.integers(0, 5), "brief": st.booleans(),
+    "total_batches": st.integers(0, 5), "brief": st.booleans(), "reset": st.booleans(),
+    "at_step": st.integers(0, 4), "incarnation": st.integers(0, 3),
 }
 #: Malformed values, for any field.
 MALFORMED = {
     "worker": worker_id, "clock": count, "step": count, "steps": count, "loss": garbage, "keys": key_list,
     "base_version": count, "min_state_step": count, "timeout_s": garbage, "specs": spec_list,
     "policy": policy_spec, "num_workers": count, "nonfinite": garbage, "excluded": id_list, "drain": id_list,
-    "undrain": id_list, "gone": id_list, "total_batches": count, "brief": garbage,
+    "undrain": id_list, "gone": id_list, "total_batches": count, "brief": garbage, "reset": garbage, "at_step": count, "incarnation": count,
 }
 METHOD_FIELDS = {
-    "Init": ["worker", "specs", "policy", "num_workers", "step", "nonfinite"],
+    "Init": ["worker", "specs", "policy", "num_workers", "step", "nonfinite", "reset"],
     "WaitInit": ["worker", "timeout_s", "specs", "policy", "num_workers"],
     "Pull": ["worker", "clock", "keys", "min_state_step"],
-    "Push": ["worker", "clock", "loss", "steps"],
-    "PushPull": ["worker", "clock", "loss", "steps", "keys", "base_version"],
-    "PushGradients": ["worker", "step"], "PutState": ["worker", "step"],
+    "Push": ["worker", "clock", "loss", "steps", "incarnation"],
+    "PushPull": ["worker", "clock", "loss", "steps", "keys", "base_version", "incarnation"],
+    "PushGradients": ["worker", "step", "incarnation"], "PutState": ["worker", "step", "incarnation"],
     "SetExcluded": ["worker", "excluded"], "Heartbeat": ["worker"], "Status": ["brief"], "Done": ["worker"],
     "Shutdown": ["worker"], "Leave": ["worker"], "Control": ["drain", "undrain", "gone", "total_batches"],
-    "Checkpoint": ["worker"],
+    "Checkpoint": ["worker", "at_step"], "Restore": ["worker", "step"],
 }
 assert set(METHOD_FIELDS) == set(METHODS)
 #: Fields a method's parser requires (drawn always, so most requests reach the store).

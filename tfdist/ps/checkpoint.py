@@ -308,14 +308,39 @@ class ShardCheckpointer:
         self.last_error: str | None = None
 
     # ------------------------------------------------------------------ restore
-    def restore(self) -> int | None:
-        """Loads this task's newest verified checkpoint into the store; returns its step (``None``: none)."""
-        ckpt = read_shard(self.directory, self.ps, num_ps=self.num_ps)
+    def restore(self, step: int | None = None, replace: bool = False) -> int | None:
+        """Loads this task's newest verified checkpoint (or the one of ``step``) into the store.
+
+        Args:
+            step: The checkpoint to load; ``None``: the newest valid one.
+            replace: Roll back a store that holds values (see
+                :meth:`ParameterStore.restore`).
+
+        Returns:
+            The step restored; ``None`` when there is no such checkpoint.
+        """
+        ckpt = read_shard(self.directory, self.ps, step=step, num_ps=self.num_ps)
         if ckpt is None:
             return None
-        self.store.restore(ckpt.meta, ckpt.values)
-        self.last_step, self.last_path = ckpt.step, ckpt.path
+        self.store.restore(ckpt.meta, ckpt.values, replace=replace)
+        if replace:
+            self.discard_after(ckpt.step)
+        with self._lock:
+            self.last_step, self.last_path = ckpt.step, ckpt.path
         return ckpt.step
+
+    def discard_after(self, step: int) -> None:
+        """Deletes this task's checkpoints of steps after ``step``: the job rolled back, they are of another past.
+
+        (A later restart must not restore them; the steps up to ``step`` are
+        the history the job goes on from.)
+        """
+        for newer in [s for s in list_steps(self.directory, self.ps) if s > step]:
+            for path in _paths(self.directory, self.ps, newer):
+                _remove(path)
+        with self._lock:
+            if self.last_step is not None and self.last_step > step:
+                self.last_step, self.last_path = None, None
 
     # ------------------------------------------------------------------ running
     def start(self) -> "ShardCheckpointer":
@@ -324,9 +349,9 @@ class ShardCheckpointer:
             self._timer.start()
         return self
 
-    def after_update(self) -> None:
+    def after_update(self, always: bool = False) -> None:
         """Called after every request that may move the shard: queues the snapshots the store captured."""
-        if not self.every_steps:
+        if not self.every_steps and not always and not self.store.capture_pending:
             return
         for snapshot in self.store.take_captured():
             self._enqueue(snapshot, forced=False)
@@ -374,6 +399,8 @@ class ShardCheckpointer:
     def _timer_loop(self) -> None:
         while not self._stop.wait(self.every_s):
             if not self.store.initialized or self.store.checkpoint_step() == self.last_step:
+                continue
+            if self.store.policy.path == "gradient":  # the chief schedules them at one step on every task
                 continue
             snapshot = self.store.checkpoint_state()
             if snapshot is not None:

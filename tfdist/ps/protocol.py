@@ -51,6 +51,7 @@ __all__ = [
     "ShutdownRequest",
     "ControlRequest",
     "CheckpointRequest",
+    "RestoreRequest",
     "method_of",
     "parse",
     "short",
@@ -269,13 +270,28 @@ def _tensor_keys(method: str, tensors: Mapping[str, np.ndarray]) -> Mapping[str,
     return tensors
 
 
+#: Incarnations are random 48-bit numbers (one per start, reset or roll-back of a PS task).
+MAX_INCARNATION = 2**48 - 1
+
+
+def _with_incarnation(meta: dict[str, Any], incarnation: int | None) -> dict[str, Any]:
+    if incarnation is not None:
+        meta["incarnation"] = incarnation
+    return meta
+
+
 # ------------------------------------------------------------------------ requests
 @dataclass(frozen=True)
 class InitRequest:
     """The chief stores its values, the consistency policy and the non-finite policy.
 
     Reply: ``initialized_here`` (False: the store already held values; specs
-    and policy were checked), ``version``, ``global_step``.
+    and policy were checked), ``version``, ``global_step``, ``incarnation``.
+
+    ``reset`` (the chief only, gradient path recovery without checkpoints):
+    replace the values of an initialised store too, and restart its global
+    step at ``step``; the store takes a new incarnation, so every worker
+    re-syncs.
     """
 
     worker: int
@@ -285,10 +301,13 @@ class InitRequest:
     num_workers: int | None = None
     step: int = 0
     nonfinite: str = "refuse"
+    reset: bool = False
 
     def to_wire(self):
         meta = {"worker": self.worker, "specs": [s.to_dict() for s in self.specs], "step": self.step,
                 "nonfinite": self.nonfinite}
+        if self.reset:
+            meta["reset"] = True
         if self.policy is not None:
             meta["policy"] = self.policy
         if self.num_workers is not None:
@@ -313,7 +332,7 @@ class InitRequest:
                     f"{s.dtype}{list(s.shape)}."
                 )
         return cls(f.worker(), specs, tensors, f.policy(num_workers), num_workers, f.int("step", 0, MAX_COUNT, 0),
-                   f.choice("nonfinite", NONFINITE_POLICIES, "refuse"))
+                   f.choice("nonfinite", NONFINITE_POLICIES, "refuse"), f.flag("reset", False))
 
 
 @dataclass(frozen=True)
@@ -383,14 +402,18 @@ class PullRequest:
 class PushRequest:
     """Add ``deltas`` (update path). ``clock``: the worker's completed steps with
     this push; ``steps``: local steps the deltas sum (``strategy.exchange_every``);
-    ``loss``: the step's training loss (DTSSP). Reply: ``applied``, ``dropped``,
-    ``version``, ``previous_version``, clock and membership fields."""
+    ``loss``: the step's training loss (DTSSP); ``incarnation``: the PS task's
+    incarnation the deltas were computed against (refused with ``UNAVAILABLE``
+    when the task has another: it restarted, was reset or rolled back). Reply:
+    ``applied``, ``dropped``, ``version``, ``previous_version``, clock and
+    membership fields."""
 
     worker: int
     clock: int
     deltas: Mapping[str, np.ndarray] = field(repr=False)
     loss: float | None = None
     steps: int = 1
+    incarnation: int | None = None
 
     def _meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"worker": self.worker, "clock": self.clock}
@@ -398,6 +421,8 @@ class PushRequest:
             meta["loss"] = self.loss
         if self.steps != 1:
             meta["steps"] = self.steps
+        if self.incarnation is not None:
+            meta["incarnation"] = self.incarnation
         return meta
 
     def to_wire(self):
@@ -406,7 +431,8 @@ class PushRequest:
     @classmethod
     def parse(cls, f: _Fields, tensors):
         return cls(f.worker(), f.int("clock", 0, MAX_COUNT, 0), _tensor_keys(f.method, tensors),
-                   f.number("loss", -math.inf, math.inf, None), f.int("steps", 1, MAX_COUNT, 1))
+                   f.number("loss", -math.inf, math.inf, None), f.int("steps", 1, MAX_COUNT, 1),
+                   f.int("incarnation", 0, MAX_INCARNATION, None))
 
 
 @dataclass(frozen=True)
@@ -446,13 +472,15 @@ class PushGradientsRequest:
     worker: int
     step: int
     grads: Mapping[str, np.ndarray] = field(repr=False)
+    incarnation: int | None = None
 
     def to_wire(self):
-        return {"worker": self.worker, "step": self.step}, dict(self.grads)
+        return _with_incarnation({"worker": self.worker, "step": self.step}, self.incarnation), dict(self.grads)
 
     @classmethod
     def parse(cls, f: _Fields, tensors):
-        return cls(f.worker(), f.int("step", 0, MAX_COUNT), _tensor_keys(f.method, tensors))
+        return cls(f.worker(), f.int("step", 0, MAX_COUNT), _tensor_keys(f.method, tensors),
+                   f.int("incarnation", 0, MAX_INCARNATION, None))
 
 
 @dataclass(frozen=True)
@@ -462,13 +490,15 @@ class PutStateRequest:
     worker: int
     step: int
     tensors: Mapping[str, np.ndarray] = field(repr=False)
+    incarnation: int | None = None
 
     def to_wire(self):
-        return {"worker": self.worker, "step": self.step}, dict(self.tensors)
+        return _with_incarnation({"worker": self.worker, "step": self.step}, self.incarnation), dict(self.tensors)
 
     @classmethod
     def parse(cls, f: _Fields, tensors):
-        return cls(f.worker(), f.int("step", 0, MAX_COUNT), _tensor_keys(f.method, tensors))
+        return cls(f.worker(), f.int("step", 0, MAX_COUNT), _tensor_keys(f.method, tensors),
+                   f.int("incarnation", 0, MAX_INCARNATION, None))
 
 
 @dataclass(frozen=True)
@@ -543,12 +573,51 @@ class ShutdownRequest(_WorkerRequest):
 
 
 @dataclass(frozen=True)
-class CheckpointRequest(_WorkerRequest):
-    """A worker of the job asks for a checkpoint of this PS task's shard now (``strategy.checkpoint()``).
+class CheckpointRequest:
+    """A worker of the job asks for a checkpoint of this PS task's shard.
 
-    Answered once the checkpoint is written. Reply: ``step``, ``path``
-    (``None`` for both when the task has no ``ps.checkpoint_dir``).
+    Without ``at_step``: now (``strategy.checkpoint()``), answered once it is
+    written; reply ``step``, ``path`` (``None`` for both when the task has no
+    ``ps.checkpoint_dir``). With ``at_step`` (gradient path, the chief's
+    time-based checkpoints): when the state snapshot reaches that step, so
+    every task checkpoints the same step; reply ``scheduled`` (False when the
+    task is already past it).
     """
+
+    worker: int
+    at_step: int | None = None
+
+    def to_wire(self):
+        meta: dict[str, Any] = {"worker": self.worker}
+        if self.at_step is not None:
+            meta["at_step"] = self.at_step
+        return meta, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("Checkpoint", tensors)
+        return cls(f.worker(), f.int("at_step", 0, MAX_COUNT, None))
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    """A worker of the job rolls this PS task back to its checkpoint of ``step`` (a consistent cut).
+
+    The gradient path's recovery: when one task restarted from the
+    checkpoint of step S, the chief rolls every other task back to S. The
+    task takes a new incarnation. Reply: ``step``, ``incarnation``.
+    """
+
+    worker: int
+    step: int
+
+    def to_wire(self):
+        return {"worker": self.worker, "step": self.step}, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("Restore", tensors)
+        return cls(f.worker(), f.int("step", 0, MAX_COUNT))
 
 
 @dataclass(frozen=True)
@@ -596,6 +665,7 @@ _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "Shutdown": ShutdownRequest.parse,
     "Control": ControlRequest.parse,
     "Checkpoint": CheckpointRequest.parse,
+    "Restore": RestoreRequest.parse,
 }
 
 #: Methods of :data:`SERVICE` (every request and reply is a :mod:`tfdist.wire` message).

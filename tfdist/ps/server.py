@@ -36,7 +36,6 @@ Importing this module does not import TensorFlow.
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 from typing import Any, Callable, Mapping
 
@@ -136,7 +135,10 @@ class ParameterService:
 
     # ------------------------------------------------------------------ RPCs
     def _rpc_Init(self, req: protocol.InitRequest, budget, cancelled):
-        return self.store.init(req), {}
+        reply = self.store.init(req)
+        if req.reset and self.checkpointer is not None:
+            self.checkpointer.discard_after(req.step)  # the job goes on from the chief's step
+        return reply, {}
 
     def _rpc_WaitInit(self, req: protocol.WaitInitRequest, budget, cancelled):
         return self.store.wait_init(req, budget, cancelled), {}
@@ -171,10 +173,27 @@ class ParameterService:
         self._after_update()
         return reply
 
+    def _rpc_Restore(self, req: protocol.RestoreRequest, budget, cancelled):
+        self.store.check_member(req.worker)
+        if self.checkpointer is None:
+            raise protocol.RequestError(f"ps:{self.task_index} has no ps.checkpoint_dir: nothing to restore.",
+                                        grpc_code="FAILED_PRECONDITION")
+        step = self.checkpointer.restore(step=req.step, replace=True)
+        if step is None:
+            raise protocol.RequestError(f"ps:{self.task_index} has no valid checkpoint of step {req.step} in "
+                                        f"{self.checkpointer.directory}.", grpc_code="FAILED_PRECONDITION")
+        logger.warning("ps:%d rolled back to its checkpoint of step %d by worker %d (incarnation %d)",
+                       self.task_index, step, req.worker, self.store.incarnation)
+        return {"step": step, "incarnation": self.store.incarnation}, {}
+
     def _rpc_Checkpoint(self, req: protocol.CheckpointRequest, budget, cancelled):
         self.store.check_member(req.worker)
         if self.checkpointer is None:
-            return {"step": None, "path": None}, {}
+            return {"step": None, "path": None, "scheduled": False}, {}
+        if req.at_step is not None:
+            scheduled = self.store.capture_at(req.worker, req.at_step)
+            self.checkpointer.after_update(always=True)
+            return {"scheduled": scheduled}, {}
         try:
             step, path = self.checkpointer.checkpoint_now(timeout=budget)
         except CheckpointError as e:
@@ -290,7 +309,6 @@ class PSServer:
         self.store = ParameterStore(policy, heartbeat_timeout_s=heartbeat_timeout_s, startup_grace_s=startup_grace_s,
                                     max_updates_per_s=max_updates_per_s, num_workers=num_workers,
                                     max_wait_s=max_wait_s, max_waiters=max_waiters)
-        self.store.incarnation = secrets.randbits(48)
         self.num_workers = num_workers
         self.task_index = task_index
         self.exit_when_done = exit_when_done

@@ -34,6 +34,7 @@ from tfdist.errors import PSRejectedError, PSRestartedError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec
 from tfdist.ps.protocol import (
+    CheckpointRequest,
     InitRequest,
     LeaveRequest,
     PullRequest,
@@ -41,6 +42,7 @@ from tfdist.ps.protocol import (
     PushPullRequest,
     PushRequest,
     PutStateRequest,
+    RestoreRequest,
     SetExcludedRequest,
     StatusRequest,
     WaitInitRequest,
@@ -188,8 +190,8 @@ class WorkerSession:
                     f"Parameter server ps:{ps} at {self.client.addresses[ps]} restarted (incarnation {known} → "
                     f"{incarnation}) since worker {self.worker_id} last talked to it.", ps=ps)
 
-    def recover(self, cause: Exception, local_values: Mapping[str, np.ndarray] | None = None
-                ) -> dict[str, np.ndarray]:
+    def recover(self, cause: Exception, local_values: Mapping[str, np.ndarray] | None = None,
+                as_reader: bool = False) -> dict[str, np.ndarray]:
         """Carries on after a PS task was lost or restarted; returns the values to load.
 
         Tries (with backoff, within ``reconnect_timeout_s``) until every PS
@@ -200,7 +202,8 @@ class WorkerSession:
         bound), so no task ever serves a fresh, untrained shard. Then every
         variable is pulled. What this worker sent in the call that failed is
         lost on the task that restarted (at most one step; the tasks that
-        did not restart may already have applied it).
+        did not restart may already have applied it). ``as_reader``: pull as
+        an evaluator does (a worker that left training stays out).
 
         Raises:
             PSUnavailableError: a task did not come back within ``reconnect_timeout_s``.
@@ -210,22 +213,57 @@ class WorkerSession:
         logger.warning("worker %d: lost a parameter server (%s); reconnecting (ps.reconnect_timeout_s=%g)",
                        self.worker_id, cause, self.reconnect_timeout_s)
         self._base = None
-        statuses = self._wait_all_answer(deadline, cause)
-        restarted = [ps for ps in range(self.plan.num_ps)
-                     if statuses[ps].get("incarnation") != self.incarnation[ps]]
-        empty = [ps for ps in restarted if not statuses[ps].get("initialized")]
-        for ps in restarted:
-            if statuses[ps].get("initialized"):
-                logger.warning("worker %d: ps:%d restarted and restored its checkpoint of step %s",
-                               self.worker_id, ps, statuses[ps].get("restored_from"))
-        if empty:
-            self._reinitialize(empty, local_values, deadline)
-        self.incarnation = [None] * self.plan.num_ps  # learnt again from the pull's replies
-        values = self.pull()
+        beating = self._pause_heartbeat()
+        try:
+            statuses = self._wait_all_answer(deadline, cause)
+            restarted = [ps for ps in range(self.plan.num_ps)
+                         if statuses[ps].get("incarnation") != self.incarnation[ps]]
+            values = self._recover_from(statuses, restarted, local_values, deadline, as_reader)
+        finally:
+            if beating:
+                self._resume_heartbeat()
         self.stats["recoveries"] += 1
         logger.warning("worker %d: training goes on after %.1f s (restarted: %s)", self.worker_id,
                        time.monotonic() - start, [f"ps:{ps}" for ps in restarted] or "none")
         return values
+
+    def _recover_from(self, statuses, restarted, local_values, deadline, as_reader) -> dict[str, np.ndarray]:
+        """Update path: tasks that came back empty get the chief's values; every variable is pulled."""
+        for ps in restarted:
+            if statuses[ps].get("initialized"):
+                logger.warning("worker %d: ps:%d restarted and restored its checkpoint of step %s",
+                               self.worker_id, ps, statuses[ps].get("restored_from"))
+        empty = [ps for ps in restarted if not statuses[ps].get("initialized")]
+        if empty:
+            self._reinitialize(empty, local_values, deadline)
+        self.incarnation = [None] * self.plan.num_ps  # learnt again from the pull's replies
+        return self.pull(as_reader=as_reader)
+
+    def _pause_heartbeat(self) -> bool:
+        """While recovering, the worker does not count for barriers: no heart-beat, and ``Leave`` where it reaches.
+
+        (Otherwise a barrier on a task that is fine would wait for this
+        worker's gradient until the RPC deadline.) Its next call after the
+        recovery brings it back as a joiner. Returns whether it was beating.
+        """
+        beating = self._hb_thread is not None and self._hb_thread.is_alive() and not self._hb_stop.is_set()
+        self.stop_heartbeat()
+        if self._hb_thread is not None and self._hb_thread.is_alive():
+            self._hb_thread.join(timeout=2 * (self._hb_interval or 0) + 1.0)
+        if self.worker_id < 0:
+            return beating
+        request = LeaveRequest(self.worker_id)
+        for ps in range(self.plan.num_ps):
+            try:
+                self.client.request(ps, request, timeout=2.0)
+            except Exception:  # the lost task, most likely; the others heard it
+                pass
+        return beating
+
+    def _resume_heartbeat(self) -> None:
+        self._hb_stop = threading.Event()
+        self._hb_thread = self._heartbeat_thread()
+        self._hb_thread.start()
 
     def _wait_all_answer(self, deadline: float, cause: Exception) -> dict[int, dict]:
         delay = 0.1
@@ -387,7 +425,7 @@ class WorkerSession:
         version = self.version if version is None else version
         requests = {}
         for ps in range(self.plan.num_ps):
-            push = PushRequest(self.worker_id, clock, parts[ps], loss, int(steps))
+            push = PushRequest(self.worker_id, clock, parts[ps], loss, int(steps), self.incarnation[ps])
             if pull:
                 base = version[ps] if self.conditional_pull else None
                 requests[ps] = PushPullRequest(push, tuple(self.plan.keys_on(ps)), base)
@@ -680,10 +718,10 @@ class UpdateSession(WorkerSession):
         self.flush()  # the update in flight first; the pulled values replace the local ones anyway
         return super().pull(clock=clock, min_state_step=min_state_step, as_reader=as_reader)
 
-    def recover(self, cause: Exception, local_values: Mapping[str, np.ndarray] | None = None
-                ) -> dict[str, np.ndarray]:
+    def recover(self, cause: Exception, local_values: Mapping[str, np.ndarray] | None = None,
+                as_reader: bool = False) -> dict[str, np.ndarray]:
         self._exchange = None  # an overlapped exchange in flight is lost with the task
-        values = super().recover(cause, local_values)
+        values = super().recover(cause, local_values, as_reader)
         self.cache_min_clock = self.min_clock
         return values
 
@@ -721,19 +759,100 @@ class GradientSession(WorkerSession):
     snapshot when this worker completed a step on some PS task.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, checkpoint_every_s: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.known_global_step = 0
         self._write_state_on: list[int] = []
         self._resync_at_end = False
+        #: The chief schedules a checkpoint of one state step on every task this often (a consistent cut).
+        self.checkpoint_every_s = checkpoint_every_s if self.is_chief else None
+        self._last_checkpoint_request = time.monotonic()
         self.stats.update({"steps": 0, "dropped": 0, "resyncs": 0, "waits": 0, "wait_seconds": 0.0,
                            "state_writes": 0})
 
     def initialize(self, local_values):
         values = super().initialize(local_values)
-        if values is not None:  # joined a running job: continue from its state
+        if values is not None:  # joined a running job (or resumed from checkpoints): continue from its state
+            if self.is_chief:
+                values = self._align_restored_tasks(values)
             self.known_global_step = self.global_step
         return values
+
+    def _align_restored_tasks(self, values):
+        """The chief, when the tasks held values already (restored from checkpoints): one state step on all.
+
+        A task restores its newest checkpoint; if the tasks' newest steps
+        differ (one died before it wrote the last cut), every task is rolled
+        back to the newest step all of them hold.
+        """
+        statuses = self.status()
+        steps = {st["state_step"] for st in statuses}
+        if len(steps) == 1:
+            return values
+        target = min(steps)
+        logger.warning("worker %d: the parameter servers restored different steps %s; rolling every task back to "
+                       "step %d", self.worker_id, sorted(steps), target)
+        self.client.request_many({ps: RestoreRequest(self.worker_id, target) for ps in range(self.plan.num_ps)
+                                  if statuses[ps]["state_step"] != target})
+        self.incarnation = [None] * self.plan.num_ps
+        return self.pull(min_state_step=target)
+
+    def _recover_from(self, statuses, restarted, local_values, deadline, as_reader) -> dict[str, np.ndarray]:
+        """Gradient path: one consistent state on every task, then every worker loads it.
+
+        The chief resets every task to its own state (weights and optimizer
+        state at its global step: under BSP every worker's, under
+        SyncReplicas at most the steps it was behind), so a task that came
+        back from an older checkpoint, or empty, is never mixed with the
+        others. The other workers wait (within ``reconnect_timeout_s``) until
+        the chief has done so, then load that state.
+        """
+        n = self.plan.num_ps
+        if not restarted:  # the tasks are the ones this worker knew: catch up with the newest state
+            step = max(st["state_step"] for st in statuses.values())
+        elif self.is_chief and local_values is not None:
+            step = self.global_step
+            parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
+            self.client.request_many({
+                ps: InitRequest(self.worker_id, self._shard_specs(ps), parts[ps], self.policy_spec,
+                                self.num_workers, step=step, nonfinite=self.nonfinite, reset=True)
+                for ps in range(n)})
+            logger.warning("worker %d: reset every parameter server to this worker's state at step %d (ps:%s "
+                           "restarted)", self.worker_id, step, restarted)
+        else:
+            step = self._wait_for_reset(set(range(n)), deadline)
+        self.incarnation = [None] * n
+        values = self.pull(min_state_step=step, as_reader=as_reader)
+        self.known_global_step = self.global_step
+        self._resync_at_end, self._write_state_on = False, []
+        return values
+
+    def _wait_for_reset(self, tasks: set[int], deadline: float) -> int:
+        """A worker other than the chief: waits until every task left the incarnation it knew, at one step."""
+        old = list(self.incarnation)
+        while True:
+            statuses = [meta for _, (meta, _) in sorted(self.client.call_all("Status", {"brief": True}).items())]
+            moved = all(st.get("incarnation") != old[ps] and st.get("initialized") for ps, st in enumerate(statuses))
+            steps = {st["state_step"] for st in statuses}
+            if moved and len(steps) == 1:
+                return steps.pop()
+            if time.monotonic() > deadline:
+                raise PSUnavailableError(
+                    f"Worker {self.worker_id}: a parameter server restarted and the chief did not reset the tasks "
+                    f"to one state within ps.reconnect_timeout_s={self.reconnect_timeout_s:g} s (steps {sorted(steps)}).")
+            time.sleep(0.1)
+
+    def _schedule_checkpoint(self) -> None:
+        """The chief, every ``checkpoint_every_s``: every task checkpoints the state of the next global step."""
+        if self.checkpoint_every_s is None or time.monotonic() - self._last_checkpoint_request < self.checkpoint_every_s:
+            return
+        at = max(self.global_step, self.known_global_step) + 1
+        replies = self.client.request_many({ps: CheckpointRequest(self.worker_id, at) for ps in range(self.plan.num_ps)})
+        if all(meta.get("scheduled") for meta, _ in replies.values()):
+            self._last_checkpoint_request = time.monotonic()
+        else:  # a task is past that step already (the others raced ahead): try again at the next step
+            logger.info("worker %d: checkpoint of step %d not scheduled on every task; trying the next step",
+                        self.worker_id, at)
 
     def _note(self, replies) -> None:
         metas = [replies[i][0] for i in range(self.plan.num_ps)]
@@ -771,7 +890,8 @@ class GradientSession(WorkerSession):
         parts = self._split({k: np.asarray(v) for k, v in grads.items()})
         step = self.global_step
         replies = self._request_many(
-            {ps: PushGradientsRequest(self.worker_id, step, parts[ps]) for ps in range(self.plan.num_ps)})
+            {ps: PushGradientsRequest(self.worker_id, step, parts[ps], self.incarnation[ps])
+             for ps in range(self.plan.num_ps)})
         metas = {ps: meta for ps, (meta, _) in replies.items()}
         self._note_membership(list(metas.values()))
         self.stats["bytes_pushed"] += sum(g.nbytes for g in grads.values())
@@ -808,6 +928,7 @@ class GradientSession(WorkerSession):
             no longer available (the worker was too far behind): the step's
             update is then replaced by the job's current state.
         """
+        self._schedule_checkpoint()
         if self._resync_at_end:
             self._resync_at_end = False
             self._write_state_on = []
@@ -818,7 +939,8 @@ class GradientSession(WorkerSession):
             return None
         parts = self._split({k: np.asarray(v) for k, v in state.items()})
         self._request_many(
-            {ps: PutStateRequest(self.worker_id, self.global_step, parts[ps]) for ps in self._write_state_on})
+            {ps: PutStateRequest(self.worker_id, self.global_step, parts[ps], self.incarnation[ps])
+             for ps in self._write_state_on})
         self.stats["state_writes"] += 1
         self._write_state_on = []
         return None

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import threading
 import time
 from typing import Any, Callable, Iterable, Mapping
@@ -174,14 +175,17 @@ class ParameterStore:
         self._contributors: set[int] = set()
         self._history: dict[int, tuple[dict[str, np.ndarray], int]] = {}  # step -> (aggregate, closer)
         self.state_step = 0
-        #: Identifies this run of the PS task (a restarted task has another; replies carry it).
-        self.incarnation = 0
+        #: Identifies this run of the PS task's state: random per start, new after a reset or a
+        #: roll-back (replies carry it; a worker that sees it change re-syncs).
+        self.incarnation = secrets.randbits(48)
         #: The checkpoint step this store was restored from (``None``: initialised by a worker).
         self.restored_from: int | None = None
         #: Capture a checkpoint snapshot each time the shard's step crosses a multiple of this
         #: (``ps.checkpoint_every_steps``); the writer collects them with :meth:`take_captured`.
         self.checkpoint_every_steps: int | None = None
         self._captured: list[tuple[int, dict[str, Any], dict[str, np.ndarray]]] = []
+        #: Gradient path: state steps at which to capture a snapshot (the chief's time-based checkpoints).
+        self._capture_at: set[int] = set()
         self.stats = {
             "pushes": 0, "pulls": 0, "dropped": 0, "bytes_in": 0, "bytes_out": 0,
             "waits": 0, "aggregations": 0, "gradients_aggregated": 0, "state_writes": 0,
@@ -203,6 +207,8 @@ class ParameterStore:
         self._check_finite(req.values, req.worker, "initial value", req.nonfinite)
         with self._cond:
             self._check_member(req.worker, req.num_workers)
+            if self.initialized and req.reset:
+                return self._reset(req)
             if self.initialized:
                 self._check_same_specs(req.specs)
                 self._check_same_policy(req.policy)
@@ -236,6 +242,33 @@ class ParameterStore:
                     req.worker, len(req.specs), total, self.policy.spec(), self.nonfinite)
         return {"initialized_here": True, "version": self.version, "global_step": self.global_step,
                 "incarnation": self.incarnation, "state_step": self.state_step}
+
+    def _reset(self, req: InitRequest) -> dict[str, Any]:
+        """The chief replaces the values of an initialised store and restarts its step (lock held)."""
+        if req.worker != 0:
+            raise StoreError(f"Only the chief (worker 0) may reset a parameter server; worker {req.worker} asked.",
+                             grpc_code="PERMISSION_DENIED")
+        self._check_same_specs(req.specs)
+        self._check_same_policy(req.policy)
+        # -- every check passed: apply
+        for key, value in req.values.items():
+            np.copyto(self._values[key], value)
+        self.version += 1
+        self._restart_step(req.step)
+        self.incarnation = secrets.randbits(48)
+        self._touch(req.worker)
+        self._cond.notify_all()
+        logger.warning("reset by worker %d to its values at step %d (incarnation %d)", req.worker, req.step,
+                       self.incarnation)
+        return {"initialized_here": True, "version": self.version, "global_step": self.global_step,
+                "incarnation": self.incarnation, "state_step": self.state_step}
+
+    def _restart_step(self, step: int) -> None:
+        """The gradient path starts again at ``step``: no step in progress, no aggregates kept (lock held)."""
+        self.global_step = self.state_step = step
+        self._acc, self._contributors, self._history = {}, set(), {}
+        if self.policy is not None:
+            self.policy.on_step_boundary(self._ctx())
 
     def wait_init(self, req: WaitInitRequest, timeout: float | None = None, cancelled: Cancelled = _never
                   ) -> dict[str, Any]:
@@ -353,8 +386,17 @@ class ParameterStore:
                 grpc_code="FAILED_PRECONDITION",
             )
 
+    def _check_incarnation(self, incarnation: int | None) -> None:
+        """A request computed against another incarnation of this task's state is refused (lock held)."""
+        if incarnation is not None and incarnation != self.incarnation:
+            raise StoreError(
+                f"This request was computed against incarnation {incarnation} of this parameter server's "
+                f"state; it now holds incarnation {self.incarnation} (it restarted, or the chief reset or rolled "
+                "it back). Nothing was applied: re-sync (pull) and go on.", grpc_code="UNAVAILABLE")
+
     def _check_push(self, req: PushRequest) -> None:
         self._require_initialized()
+        self._check_incarnation(req.incarnation)
         self._check_member(req.worker)
         self._require_path("update")
         self._check_tensors(req.deltas)
@@ -494,6 +536,7 @@ class ParameterStore:
         self._check_finite(req.grads, worker, "gradient")
         with self._cond:
             self._require_initialized()
+            self._check_incarnation(req.incarnation)
             self._check_member(worker)
             self._require_path("gradient")
             self._check_tensors(req.grads, trainable_only=True)
@@ -571,6 +614,7 @@ class ParameterStore:
         self._check_finite(req.tensors, req.worker, "state value")
         with self._cond:
             self._require_initialized()
+            self._check_incarnation(req.incarnation)
             self._check_member(req.worker)
             self._check_tensors(req.tensors)
             self._touch(req.worker)
@@ -828,9 +872,29 @@ class ParameterStore:
         On the gradient path every PS task sees the same state steps, so the
         snapshots of all tasks at one multiple form a consistent cut.
         """
+        step = self._checkpoint_step()
         k = self.checkpoint_every_steps
-        if k and self._checkpoint_step() // k > previous_step // k:
+        if (k and step // k > previous_step // k) or step in self._capture_at:
             self._captured.append(self._checkpoint_state_locked())
+        self._capture_at = {s for s in self._capture_at if s > step}
+
+    def capture_at(self, worker: int, step: int) -> bool:
+        """Gradient path: capture a snapshot when the state reaches ``step``; False if it is already past it."""
+        with self._cond:
+            self._check_member(worker)
+            self._require_initialized()
+            if self.state_step > step:
+                return False
+            if self.state_step == step:
+                self._captured.append(self._checkpoint_state_locked())
+            else:
+                self._capture_at.add(step)
+            return True
+
+    @property
+    def capture_pending(self) -> bool:
+        """Whether a snapshot is scheduled (``capture_at``) or captured and not yet taken."""
+        return bool(self._capture_at or self._captured)
 
     def take_captured(self) -> list[tuple[int, dict[str, Any], dict[str, np.ndarray]]]:
         """The snapshots :meth:`_maybe_capture` took since the last call, oldest first."""
@@ -879,20 +943,28 @@ class ParameterStore:
         values = {k: v.copy() for k, v in self._values.items()}
         return self._checkpoint_step(), meta, values
 
-    def restore(self, meta: Mapping[str, Any], values: Mapping[str, np.ndarray]) -> None:
-        """Loads a checkpoint written from :meth:`checkpoint_state` into this (not yet initialised) store.
+    def restore(self, meta: Mapping[str, Any], values: Mapping[str, np.ndarray], replace: bool = False) -> None:
+        """Loads a checkpoint written from :meth:`checkpoint_state`.
+
+        Args:
+            replace: Roll an initialised store back (the gradient path's
+                recovery); it takes a new incarnation. Defaults to ``False``:
+                only a store that holds no values yet may restore.
 
         Raises:
-            StoreError: the store already holds values, or the checkpoint does
-                not fit (missing values, wrong dtype or shape, another job's
-                worker count); nothing is changed then.
+            StoreError: the store already holds values (without ``replace``),
+                or the checkpoint does not fit (missing values, wrong dtype or
+                shape, another job's worker count or variables); nothing is
+                changed then.
         """
         specs = [VariableSpec.from_dict(d) for d in meta["specs"]]
         num_workers = meta.get("num_workers")
         with self._cond:
-            if self.initialized:
+            if self.initialized and not replace:
                 raise StoreError("A checkpoint is restored only into a parameter server that holds no values yet.",
                                  grpc_code="FAILED_PRECONDITION")
+            if self.initialized:
+                self._check_same_specs(specs)
             if self.num_workers is not None and num_workers is not None and num_workers != self.num_workers:
                 raise StoreError(
                     f"The checkpoint is of a job with {num_workers} workers; this one has {self.num_workers}. "
@@ -925,6 +997,8 @@ class ParameterStore:
             self.progress = int(meta.get("progress", 0))
             self.joins = int(meta.get("joins", 0))
             self._acc, self._contributors, self._history = {}, set(), {}
+            if replace:
+                self.incarnation = secrets.randbits(48)
             # Every worker not done gets a fresh start-up grace: they reconnect to this task now.
             self._init_time = self._time()
             self._expected = set(range(self.num_workers or 0)) - self.done_workers

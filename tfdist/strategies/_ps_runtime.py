@@ -264,7 +264,8 @@ class PSRuntime:
             session = self.session
             if session is None or self._closed:
                 raise
-            values = session.recover(e, self.registry.values() if self.is_chief else None)
+            values = session.recover(e, self.registry.values() if self.is_chief else None,
+                                     as_reader=self._left or self.worker_id < 0)
             self.registry.assign(values)
             return None
 
@@ -550,12 +551,16 @@ class GradientPathRuntime(PSRuntime):
         super().__init__(config, task, token, variable_filter, policy)
         self.num_replicas = policy.aggregation_size()
         self._trained_since_check = False
+        #: Set when a PS task was lost inside a step: the state to load at the step's end instead of its result.
+        self._recovered: dict[str, np.ndarray] | None = None
         # While a step traces: the keys of the pending exchange (filled as the optimizer's
         # updates trace, in gradient order) and the gradients' shapes.
         self._pending: tuple[list[str | None], list[tf.TensorShape]] | None = None
 
     def _new_session(self, *args, **kwargs) -> WorkerSession:
-        return GradientSession(*args, **kwargs)
+        ps = self.config.ps
+        return GradientSession(*args, checkpoint_every_s=ps.checkpoint_every_s if ps.checkpoint_dir else None,
+                               **kwargs)
 
     def wants(self, name: str, kwargs: Mapping[str, Any]) -> bool:
         return self.variable_filter(name, kwargs) or _is_optimizer_variable(name, kwargs)
@@ -598,9 +603,10 @@ class GradientPathRuntime(PSRuntime):
         # otherwise reload only when this worker already knows it is behind.
         if self._trained_since_check or self._left:
             self._trained_since_check = False
-            values = session.catch_up(as_reader=self._left)  # a worker that left reads as an evaluator
+            # a worker that left reads as an evaluator
+            values = self._recovering(lambda: session.catch_up(as_reader=self._left))
         else:
-            values = session.begin()
+            values = self._recovering(session.begin)
         if values is not None:
             self.registry.assign(values)
 
@@ -608,9 +614,9 @@ class GradientPathRuntime(PSRuntime):
         """``strategy.pull()``: a worker loads the job's latest state snapshot if it is behind."""
         session = self.ensure_session()
         if self.worker_id < 0:
-            self.registry.assign(session.pull(as_reader=True))
-            return
-        values = session.catch_up(as_reader=self._left)
+            values = self._recovering(lambda: session.pull(as_reader=True))
+        else:
+            values = self._recovering(lambda: session.catch_up(as_reader=self._left))
         if values is not None:
             self.registry.assign(values)
 
@@ -620,7 +626,14 @@ class GradientPathRuntime(PSRuntime):
         if not mapped or self.in_warmup:
             return grads
         with self._blocked():
-            aggregate = self.session.exchange(mapped)
+            try:
+                aggregate = self.session.exchange(mapped)
+            except PSUnavailableError as e:
+                # A task was lost mid-step: recover now, apply nothing (zeros), and load the
+                # recovered state at the step's end instead of this step's result.
+                self._recovered = self.session.recover(e, self.registry.values() if self.is_chief else None,
+                                                       as_reader=self._left)
+                return [np.zeros_like(g) for g in grads]
         return [aggregate[k] if k is not None else g for k, g in zip(keys, grads)]
 
     def build_end_of_step(self, result) -> tf.Tensor:
@@ -634,8 +647,13 @@ class GradientPathRuntime(PSRuntime):
         self._trained_since_check = True
         if self.in_warmup:
             return
+        if self._recovered is not None:  # a task was lost in this step: the recovered state, not its result
+            values, self._recovered = self._recovered, None
+            self.registry.assign(values)
+            return
+        state = self.registry.keyed(current)
         with self._blocked():
-            values = self.session.end(self.registry.keyed(current))
+            values = self._recovering(lambda: self.session.end(state))
         if values is not None:  # too far behind: load the job's state instead of this step's result
             self.registry.assign(values)
 

@@ -66,7 +66,7 @@ def main():
     with strategy.scope():
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
                                   keras.layers.Dense(10, activation="softmax")])
-        model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy",
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
     pause = Pause(args.out, args.pause_at if me == 0 else None)
     model.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=2,
