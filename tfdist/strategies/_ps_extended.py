@@ -6,7 +6,8 @@ Keras does (DESIGN.md §1) and hands every decision to the runtime of the
 job's exchange path (``_ps_runtime.py``):
 
 * ``_create_variable``: every variable; the runtime keeps the ones it wants
-  on the parameter servers (round-robin placement happens at the first step);
+  on the parameter servers (round-robin placement happens at the first step)
+  and notes the layer creating each, for layers with ``finalize_state``;
 * ``_batch_reduce_to``: the gradient all-reduce of a training step (the
   gradient path exchanges here; the update path reduces locally);
 * ``_update``: the optimizer applying a gradient to a variable (how the
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfdist._tf_compat import OneDeviceExtended, in_xla_compilation
+from tfdist._tf_compat import OneDeviceExtended, in_xla_compilation, keras_variable_owner
 from tfdist.errors import ConfigError
 from tfdist.strategies._ps_runtime import STAT_NAMES, PSRuntime
 
@@ -45,7 +46,7 @@ class ParameterServerExtended(OneDeviceExtended):
         on_ps = self._runtime.wants(name, kwargs)
         var = super()._create_variable(next_creator, **kwargs)
         if on_ps:
-            self._runtime.register(var, name, kwargs)
+            self._runtime.register(var, name, kwargs, owner=keras_variable_owner())
         return var
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):

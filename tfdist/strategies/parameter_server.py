@@ -13,6 +13,12 @@ between-graph replication. Optimizer slots, metrics and counters stay local.
 Evaluate and predict steps pull fresh values before every step and push
 nothing. ``num_replicas_in_sync`` is 1: each worker's update is computed on
 its own batch at the optimizer's full learning rate (TF1 async semantics).
+
+Layers that compute with state derived from their variables by
+``finalize_state()`` (``keras.layers.Normalization``) compute with the
+values a pull writes into those variables, in traced steps too
+(``_derived_state.py``): a worker that did not ``adapt`` uses the chief's
+statistics from its first step.
 """
 
 from __future__ import annotations
