@@ -102,6 +102,12 @@ class ParameterServerStrategy(StrategyBase):
     On a ``ps`` task the constructor serves parameters until the job ends
     and then exits the process, so one script fits every task.
 
+    ``distribute_datasets_from_function(fn)`` calls ``fn`` with one input
+    pipeline per training worker (``input_pipeline_id`` = :attr:`worker_id`)
+    and this strategy's ``num_replicas_in_sync`` (M under BSP/SyncReplicas,
+    1 on the update path), so ``ctx.get_per_replica_batch_size(B)`` is the
+    batch one gradient or one update is computed on.
+
     Args:
         cluster: A :class:`tfdist.ClusterConfig`, ``tf.train.ClusterSpec`` or
             mapping of job → addresses. Defaults to ``TF_CONFIG``.
