@@ -66,6 +66,10 @@ def test_a_worker_that_did_not_adapt_computes_like_the_chief_after_pulling(monke
         np.testing.assert_allclose(norm.adapt_mean.numpy(), x.mean(axis=0), rtol=1e-5)  # the variables...
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)  # ...and what the traced step computes
         np.testing.assert_allclose(other_model(x[:8]).numpy(), expected, rtol=1e-5, atol=1e-5)  # eager too
+        # The layer's derived tensors are held in local variables, never on the PS.
+        assert [k.split("/", 1)[1] for k, _, _ in other.placement_table()][:2] == ["model/norm/mean",
+                                                                                    "model/norm/variance"]
+        assert not any("derived" in k for k, _, _ in other.placement_table())
     finally:
         for s in strategies:
             s.shutdown()

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 def _is_eager_tensor(value: Any) -> bool:
-    return isinstance(value, tf.Tensor) and not isinstance(value, tf.Variable) and hasattr(value, "numpy")
+    return isinstance(value, tf.Tensor) and not isinstance(value, tf.Variable) and not tf.is_symbolic_tensor(value)
 
 
 class _Tracked:
