@@ -48,6 +48,7 @@ __all__ = [
     "enable_collective_group",
     "in_xla_compilation",
     "keras_tensorflow_trainer",
+    "keras_variable_owner",
 ]
 
 
@@ -71,6 +72,21 @@ def keras_tensorflow_trainer():
     except ImportError:  # another Keras layout or backend
         return None
     return TensorFlowTrainer
+
+
+def keras_variable_owner():
+    """The object (a Keras layer) whose weight is being created now, or None.
+
+    Checked on Keras 3.15: ``Layer.add_weight`` creates the variable inside
+    ``backend.name_scope(layer.name, caller=layer)``, and Keras keeps its
+    open name scopes on a per-thread stack.
+    """
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:  # another Keras layout
+        return None
+    stack = global_state.get_global_attribute("name_scope_stack")
+    return getattr(stack[-1], "caller", None) if stack else None
 
 
 def context_initialized() -> bool:

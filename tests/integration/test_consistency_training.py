@@ -49,7 +49,10 @@ def _same_states_per_step(results):
     return shared
 
 
-def test_bsp_equals_single_process_training_on_the_global_batch(tmp_path, scripts_dir):
+@pytest.mark.parametrize("feed", ["--blocks", "--input-fn"])
+def test_bsp_equals_single_process_training_on_the_global_batch(tmp_path, scripts_dir, feed):
+    """``--input-fn``: each worker's data comes from ``distribute_datasets_from_function``, sharded and batched
+    by the InputContext (one pipeline per worker, per-replica batch = global batch / 2)."""
     import keras
 
     from tfdist.datasets import load_digits
@@ -57,7 +60,7 @@ def test_bsp_equals_single_process_training_on_the_global_batch(tmp_path, script
     cluster, out = _cluster(tmp_path, 2)
     with cluster:
         cluster.start(os.path.join(scripts_dir, "consistency_worker.py"),
-                      ["--out", str(out), "--mode", "bsp", "--optimizer", "sgd", "--lr", "0.1", "--blocks",
+                      ["--out", str(out), "--mode", "bsp", "--optimizer", "sgd", "--lr", "0.1", feed,
                        "--epochs", "2", "--record"])
         cluster.wait(240)
     w0, w1 = (np.load(out / f"weights-{i}.npz") for i in range(2))
@@ -77,8 +80,13 @@ def test_bsp_equals_single_process_training_on_the_global_batch(tmp_path, script
         np.testing.assert_array_equal(w0[f"arr_{i}"], w1[f"arr_{i}"])  # workers bit-identical
     assert r0["ps_status"][0]["stats"]["aggregations"] == 2 * steps
     assert r0["ps_status"][0]["stats"]["dropped"] == 0
-    # every step, the first of the two gradients waited for the second (ps_waits is seen by the workers)
     r1 = _read(out, 1)
+    if feed == "--input-fn":  # each worker read its own half of the data, 32 rows a step (same weights either way)
+        assert [r["input"]["context"] for r in (r0, r1)] == [[2, 0, 2], [2, 1, 2]]
+        assert r0["input"]["batch_sizes"] == r1["input"]["batch_sizes"] == [32]
+        assert not set(r0["input"]["rows"]) & set(r1["input"]["rows"])
+        assert sorted(r0["input"]["rows"] + r1["input"]["rows"]) == list(range(steps * 64))
+    # every step, the first of the two gradients waited for the second (ps_waits is seen by the workers)
     assert r0["sync_stats"]["waits"] + r1["sync_stats"]["waits"] >= 2 * steps
     assert r0["sync_stats"]["waits"] + r1["sync_stats"]["waits"] <= 2 * 2 * steps
 

@@ -6,11 +6,14 @@ Keras does (DESIGN.md §1) and hands every decision to the runtime of the
 job's exchange path (``_ps_runtime.py``):
 
 * ``_create_variable``: every variable; the runtime keeps the ones it wants
-  on the parameter servers (round-robin placement happens at the first step);
+  on the parameter servers (round-robin placement happens at the first step)
+  and notes the layer creating each, for layers with ``finalize_state``;
 * ``_batch_reduce_to``: the gradient all-reduce of a training step (the
   gradient path exchanges here; the update path reduces locally);
 * ``_update``: the optimizer applying a gradient to a variable (how the
   gradient path matches exchanged gradients to variables);
+* ``_distribute_datasets_from_function``: the dataset function sees one
+  input pipeline per training worker (``_input_context.py``);
 * ``_call_for_each_replica``: one step; a ``tf.py_function`` runs the
   runtime's ``begin_step`` before it, and a training step ends with the
   runtime's end-of-step (its statistics join the Keras logs).
@@ -21,8 +24,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfdist._tf_compat import OneDeviceExtended, in_xla_compilation
+from tfdist._tf_compat import OneDeviceExtended, in_xla_compilation, keras_variable_owner
 from tfdist.errors import ConfigError
+from tfdist.strategies._input_context import with_input_context, worker_input_context
 from tfdist.strategies._ps_runtime import STAT_NAMES, PSRuntime
 
 __all__ = ["ParameterServerExtended"]
@@ -40,12 +44,17 @@ class ParameterServerExtended(OneDeviceExtended):
     def _num_replicas_in_sync(self):
         return self._runtime.num_replicas
 
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        runtime = self._runtime
+        context = worker_input_context(runtime.config.cluster.num_workers, runtime.worker_id, runtime.num_replicas)
+        return super()._distribute_datasets_from_function(with_input_context(dataset_fn, context), options)
+
     def _create_variable(self, next_creator, **kwargs):
         name = str(kwargs.get("name") or "")
         on_ps = self._runtime.wants(name, kwargs)
         var = super()._create_variable(next_creator, **kwargs)
         if on_ps:
-            self._runtime.register(var, name, kwargs)
+            self._runtime.register(var, name, kwargs, owner=keras_variable_owner())
         return var
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):

@@ -39,6 +39,7 @@ from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.ps.protocol import CheckpointRequest
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
+from tfdist.strategies._derived_state import DerivedStateLayers
 from tfdist.testing.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
 
 __all__ = ["PSRuntime", "UpdatePathRuntime", "GradientPathRuntime", "VariableRegistry", "make_runtime",
@@ -90,7 +91,9 @@ class VariableRegistry:
     Every write of PS values into the local variables goes through
     :meth:`assign` (pulls, resyncs, the blocking exchange) or :meth:`add`
     (the overlapped exchange's corrections), eagerly: from inside a step's
-    ``tf.py_function`` or from the caller's thread.
+    ``tf.py_function`` or from the caller's thread. Both then bring the
+    layers that derive state from their variables (``Normalization``) in
+    step with the new values (:class:`DerivedStateLayers`).
     """
 
     def __init__(self):
@@ -99,9 +102,15 @@ class VariableRegistry:
         self._keys_by_var: dict[int, str] = {}
         #: Names of variables created after the PS was initialised (they stay local).
         self.late: list[str] = []
+        #: Owners of registered variables that implement ``finalize_state``.
+        self.derived = DerivedStateLayers()
 
-    def register(self, var: tf.Variable, trainable: bool, frozen: bool) -> None:
-        """Adds ``var`` (unless ``frozen``: the PS already holds the job's variables)."""
+    def register(self, var: tf.Variable, trainable: bool, frozen: bool, owner=None) -> None:
+        """Adds ``var`` (unless ``frozen``: the PS already holds the job's variables).
+
+        ``owner``: the layer creating ``var``, if known; one with a
+        ``finalize_state`` is kept computing with the values written here.
+        """
         name = var.name.split(":")[0]
         if frozen:
             self.late.append(name)
@@ -116,6 +125,8 @@ class VariableRegistry:
         self._keys_by_var[id(var)] = key
         self.specs.append(VariableSpec(key, _numpy_dtype_name(var.dtype), tuple(var.shape.as_list()),
                                        bool(var.trainable) and trainable))
+        if owner is not None:
+            self.derived.track(owner, var)
 
     def key_of(self, var) -> str | None:
         return self._keys_by_var.get(id(var))
@@ -132,6 +143,7 @@ class VariableRegistry:
         """Writes fresh values into the local variables."""
         for spec, var in zip(self.specs, self.variables):
             var.assign(values[spec.key])
+        self.derived.refresh()
 
     def add(self, corrections: Mapping[str, np.ndarray]) -> None:
         """Adds ``corrections`` (variable key → array; missing keys: nothing to add)."""
@@ -139,6 +151,7 @@ class VariableRegistry:
             correction = corrections.get(spec.key)
             if correction is not None:
                 var.assign_add(correction)
+        self.derived.refresh()
 
 
 class PSRuntime:
@@ -196,15 +209,15 @@ class PSRuntime:
         return self.registry.specs
 
     def wants(self, name: str, kwargs: Mapping[str, Any]) -> bool:
-        """Whether a variable being created goes to the PS."""
-        return self.variable_filter(name, kwargs)
+        """Whether a variable being created goes to the PS (never a derived-state mirror)."""
+        return not self.registry.derived.creating_mirror() and self.variable_filter(name, kwargs)
 
-    def register(self, var: tf.Variable, name: str, kwargs: Mapping[str, Any]) -> None:
-        """Registers a variable :meth:`wants` (model variables must be floating point)."""
+    def register(self, var: tf.Variable, name: str, kwargs: Mapping[str, Any], owner=None) -> None:
+        """Registers a variable :meth:`wants` (model variables must be floating point); ``owner``: its layer."""
         model_variable = self.variable_filter(name, kwargs)
         if model_variable and not var.dtype.is_floating:
             return
-        self.registry.register(var, model_variable, frozen=self.session is not None)
+        self.registry.register(var, model_variable, frozen=self.session is not None, owner=owner)
 
     def key_of(self, var) -> str | None:
         return self.registry.key_of(var)
@@ -563,7 +576,8 @@ class GradientPathRuntime(PSRuntime):
                                **kwargs)
 
     def wants(self, name: str, kwargs: Mapping[str, Any]) -> bool:
-        return self.variable_filter(name, kwargs) or _is_optimizer_variable(name, kwargs)
+        return super().wants(name, kwargs) or (
+            not self.registry.derived.creating_mirror() and _is_optimizer_variable(name, kwargs))
 
     def reduce_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices travel dense

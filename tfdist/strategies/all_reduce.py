@@ -39,6 +39,7 @@ from tfdist._tf_compat import OneDeviceExtended, StrategyBase, in_xla_compilatio
 from tfdist.collective import DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup, get_worker_group
 from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError
+from tfdist.strategies._input_context import with_input_context, worker_input_context
 from tfdist.straggler.membership import Participation, ParticipationEngine
 from tfdist.testing.slowdown import ENV_SLOWDOWN, Slowdown, slowdown_from_env
 
@@ -167,6 +168,11 @@ class AllReduceExtended(OneDeviceExtended):
     def _num_replicas_in_sync(self):
         return self._runtime.size
 
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        runtime = self._runtime
+        context = worker_input_context(runtime.size, runtime.worker_id, runtime.size)
+        return super()._distribute_datasets_from_function(with_input_context(dataset_fn, context), options)
+
     def _create_variable(self, next_creator, **kwargs):
         var = super()._create_variable(next_creator, **kwargs)
         if _is_training_state(str(kwargs.get("name") or ""), kwargs):
@@ -272,8 +278,10 @@ class AllReduceStrategy(StrategyBase):
               callbacks=[tfdist.callbacks.StragglerDetector()])
     ```
 
-    Each worker feeds its own shard; every worker must run the same number of
-    steps per epoch (pass ``steps_per_epoch``). ``num_replicas_in_sync`` is
+    Each worker feeds its own shard (``distribute_datasets_from_function``
+    gives ``fn`` one input pipeline per worker and ``num_replicas_in_sync``
+    = N); every worker must run the same number of steps per epoch (pass
+    ``steps_per_epoch``). ``num_replicas_in_sync`` is
     the number of workers N; the update of every step is the mean gradient
     of the workers that take part in it.
 

@@ -13,6 +13,12 @@ between-graph replication. Optimizer slots, metrics and counters stay local.
 Evaluate and predict steps pull fresh values before every step and push
 nothing. ``num_replicas_in_sync`` is 1: each worker's update is computed on
 its own batch at the optimizer's full learning rate (TF1 async semantics).
+
+Layers that compute with state derived from their variables by
+``finalize_state()`` (``keras.layers.Normalization``) compute with the
+values a pull writes into those variables, in traced steps too
+(``_derived_state.py``): a worker that did not ``adapt`` uses the chief's
+statistics from its first step.
 """
 
 from __future__ import annotations
@@ -95,6 +101,12 @@ class ParameterServerStrategy(StrategyBase):
 
     On a ``ps`` task the constructor serves parameters until the job ends
     and then exits the process, so one script fits every task.
+
+    ``distribute_datasets_from_function(fn)`` calls ``fn`` with one input
+    pipeline per training worker (``input_pipeline_id`` = :attr:`worker_id`)
+    and this strategy's ``num_replicas_in_sync`` (M under BSP/SyncReplicas,
+    1 on the update path), so ``ctx.get_per_replica_batch_size(B)`` is the
+    batch one gradient or one update is computed on.
 
     Args:
         cluster: A :class:`tfdist.ClusterConfig`, ``tf.train.ClusterSpec`` or

@@ -13,6 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
 from tfdist.datasets import load_digits  # noqa: E402
@@ -43,6 +44,9 @@ def main():
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--blocks", action="store_true", help="worker i takes the i-th block of every global batch")
     p.add_argument("--record", action="store_true")
+    p.add_argument("--input-fn", action="store_true",
+                   help="feed fit from strategy.distribute_datasets_from_function, MWMS style: shard by the "
+                        "InputContext, batch by its per-replica share of a global batch of workers x --batch")
     p.add_argument("--pull-after", action="store_true",
                    help="after every worker's fit: strategy.pull(), then record the state and an evaluation")
     args = p.parse_args()
@@ -65,7 +69,7 @@ def main():
         steps = len(x) // (n * b)
         idx = np.concatenate([np.arange(t * n * b + me * b, t * n * b + (me + 1) * b) for t in range(steps)])
         x, y = x[idx], y[idx]
-    else:
+    elif not args.input_fn:
         x, y = x[me::n], y[me::n]
     keras.utils.set_random_seed(0)
     with strategy.scope():
@@ -77,14 +81,36 @@ def main():
     callbacks = [rec] if args.record else []
     if args.pull_after:  # this worker lingers after its fit: it leaves the barriers (README, "How a job ends")
         callbacks.append(tfdist.callbacks.LeaveOnTrainEnd())
-    hist = model.fit(x, y, batch_size=args.batch, epochs=args.epochs, shuffle=not args.blocks, verbose=2,
-                     callbacks=callbacks)
+    input_report = None
+    if args.input_fn:  # global batch t = rows [t*n*B, (t+1)*n*B): the same rows as --blocks, interleaved
+        global_batch = n * args.batch
+        rows = len(x) // global_batch * global_batch
+        contexts = []
+
+        def pipeline(ctx, arrays):
+            ds = tf.data.Dataset.from_tensor_slices(arrays).shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+            return ds.batch(ctx.get_per_replica_batch_size(global_batch), drop_remainder=True)
+
+        def dataset_fn(ctx):
+            contexts.append(ctx)
+            return pipeline(ctx, (x[:rows], y[:rows]))
+
+        hist = model.fit(strategy.distribute_datasets_from_function(dataset_fn), epochs=args.epochs,
+                         verbose=2, callbacks=callbacks)
+        ctx = contexts[0]
+        batches = [b.numpy().tolist() for b in pipeline(ctx, np.arange(rows))]  # the row ids this worker read
+        input_report = {"context": [ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync],
+                        "batch_sizes": sorted({len(b) for b in batches}), "rows": [r for b in batches for r in b]}
+    else:
+        hist = model.fit(x, y, batch_size=args.batch, epochs=args.epochs, shuffle=not args.blocks, verbose=2,
+                         callbacks=callbacks)
     result = {
         "worker_id": me,
         "history": {k: [float(v) for v in vals] for k, vals in hist.history.items()},
         "steps": rec.steps,
         "sync_stats": strategy.sync_stats,
         "num_replicas_in_sync": strategy.num_replicas_in_sync,
+        "input": input_report,
         "ps_status": [{k: st[k] for k in ("global_step", "state_step", "stats", "policy", "live_workers")}
                       for st in strategy.ps_status()],
     }
