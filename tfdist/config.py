@@ -632,17 +632,25 @@ class LaunchConfig:
             ``sync_replicas`` while at least ``replicas_to_aggregate``
             workers remain; any worker of an elastic job — and stops the job
             otherwise. ``"continue"`` never stops for a worker other than the
-            chief; ``"stop"`` stops the whole job when any task fails. The
-            chief's, a parameter server's or an input task's failure always
-            stops the job; a job that went on exits 0 when the chief (and
-            every worker not left out) exited 0. See
+            chief; ``"stop"`` stops the whole job when any task fails. A
+            parameter server or the chief is first restarted
+            (``restart_ps``, ``restart_chief``, ``max_restarts``); their
+            failure beyond that, and an input task's, stops the job; a job
+            that went on exits 0 when the chief (and every worker not left
+            out) exited 0. See
             :func:`tfdist.cluster.failure.decide_worker_failure`.
         restart_ps: A local launch starts a parameter-server task that died
             again at the same address (it restores its newest checkpoint
             when ``ps.checkpoint_dir`` is set; workers reconnect within
             ``ps.reconnect_timeout_s``). Defaults to ``True``.
-        max_ps_restarts: Restarts allowed per PS task before a death stops
-            the job. Defaults to 3.
+        restart_chief: A local launch of a parameter-server job starts the
+            chief (worker 0) again when it dies: the new process runs the
+            script from its start and joins the running job (it loads the
+            job's values from the parameter servers instead of initialising
+            them). Defaults to ``True``. Elastic jobs and jobs without
+            parameter servers never restart it.
+        max_restarts: Restarts allowed per task (each PS task, the chief)
+            before a death stops the job. Defaults to 3.
     """
 
     log_all_tasks: bool = False
@@ -654,14 +662,15 @@ class LaunchConfig:
     threads_per_task: int | str | None = "auto"
     on_worker_failure: str = "auto"
     restart_ps: bool = True
-    max_ps_restarts: int = 3
+    restart_chief: bool = True
+    max_restarts: int = 3
 
     def __post_init__(self):
-        if not isinstance(self.restart_ps, bool):
-            raise _fail("launch.restart_ps", self.restart_ps, "Give true or false.")
-        if isinstance(self.max_ps_restarts, bool) or not isinstance(self.max_ps_restarts, int) \
-                or self.max_ps_restarts < 0:
-            raise _fail("launch.max_ps_restarts", self.max_ps_restarts, "Give a whole number >= 0.")
+        for name in ("restart_ps", "restart_chief"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(f"launch.{name}", getattr(self, name), "Give true or false.")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise _fail("launch.max_restarts", self.max_restarts, "Give a whole number >= 0.")
         t = self.threads_per_task
         if not (t is None or t == "auto" or (isinstance(t, int) and not isinstance(t, bool) and t > 0)):
             raise _fail("launch.threads_per_task", t,

@@ -41,12 +41,12 @@ def _status(cluster, ps):
 _BASELINE: dict[str, float] = {}
 
 
-def _run(tmp_path, scripts_dir, mode, config, fault):
+def _run(tmp_path, scripts_dir, mode, config, fault, extra=()):
     """Runs the job; with ``fault``, kills ps:1 while the chief is paused. Returns (results, before, restarts, logs)."""
     out = tmp_path / "out"
     out.mkdir()
     cluster = LocalCluster(workers=2, ps=2, config=config, log_dir=str(tmp_path / "logs"))
-    args = ["--out", str(out), "--mode", mode, "--m", "1", "--steps", str(STEPS)]
+    args = ["--out", str(out), "--mode", mode, "--m", "1", "--steps", str(STEPS), *extra]
     before = None
     with cluster:
         cluster.start(os.path.join(scripts_dir, "durability_worker.py"),
@@ -58,7 +58,7 @@ def _run(tmp_path, scripts_dir, mode, config, fault):
             (out / "resume").touch()
         cluster.wait(240)  # restarts ps:1 when it sees it dead
         logs = {t: cluster.log(t)[-3000:] for t in ("worker:0", "worker:1", "ps:1")}
-        restarts = dict(cluster.job.ps_restarts)
+        restarts = dict(cluster.job.restarts)
     results = [json.load(open(out / f"worker-{w}.json")) for w in (0, 1)]
     return results, before, restarts, logs
 
@@ -104,3 +104,18 @@ def test_a_job_survives_a_killed_ps(tmp_path, tmp_path_factory, scripts_dir, mod
     else:
         assert after["restored_from"] is None
         assert "initialised again from this worker's current values" in logs["worker:0"]
+
+
+@pytest.mark.parametrize("mode", ["async", "bsp"])
+def test_a_job_survives_a_killed_chief(tmp_path, tmp_path_factory, scripts_dir, mode):
+    """The chief SIGKILLs itself mid-fit; the launcher starts it again and it joins with the job's values."""
+    results, _, restarts, logs = _run(tmp_path, scripts_dir, mode, JobConfig(name="durable"), fault=False,
+                                      extra=["--crash-chief-at", str(PAUSE_AT)])
+    assert restarts == {"worker:0": 1}, logs
+    assert os.path.exists(tmp_path / "out" / "crashed")
+    baseline = _baseline(tmp_path_factory, scripts_dir, mode)
+    print(f"{mode}: accuracy {results[0]['accuracy']:.4f} with the chief killed, {baseline:.4f} without")
+    for r in results:
+        assert r["steps"] == STEPS, logs
+        assert r["accuracy"] >= baseline - 0.02, (r, baseline, logs)
+    assert "already held values" in logs["worker:0"]  # the new chief joined; it did not initialise the PS again

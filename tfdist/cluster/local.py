@@ -259,8 +259,8 @@ class LocalJob:
         self.tasks: dict[str, TaskProcess] = {}
         #: Training tasks that failed and that the job went on without (``launch.on_worker_failure``).
         self.failed_workers: list[TaskSpec] = []
-        #: Restarts of each parameter-server task after it died (``launch.restart_ps``).
-        self.ps_restarts: dict[str, int] = {}
+        #: Restarts of each task after it died (``launch.restart_ps``, ``launch.restart_chief``).
+        self.restarts: dict[str, int] = {}
         #: TF intra-op threads per training task (``launch.threads_per_task``); None: TF's default.
         self.threads_per_task = local_threads_per_task(self.config)
         if self.threads_per_task is not None and "TF_NUM_INTRAOP_THREADS" not in {**os.environ, **self.config.launch.env}:
@@ -396,7 +396,7 @@ class LocalJob:
                 if code is None or code == 0 or key in left_out:
                     continue
                 decision = None
-                if proc.task.job == "ps" and self._restart_ps(proc):
+                if self._restart(proc):
                     continue
                 if proc.task.job in TRAINING_JOBS:
                     decision = self._worker_failure_decision(proc.task)
@@ -414,20 +414,31 @@ class LocalJob:
                 )
             time.sleep(poll_s)
 
-    def _restart_ps(self, proc: TaskProcess) -> bool:
-        """Starts a dead PS task again at its address (``launch.restart_ps``); False when it may not be."""
-        key = str(proc.task)
-        done = self.ps_restarts.get(key, 0)
-        if not self.config.launch.restart_ps or done >= self.config.launch.max_ps_restarts:
+    def _restart(self, proc: TaskProcess) -> bool:
+        """Starts a dead PS task or chief again (``launch.restart_ps``/``restart_chief``); False when it may not be."""
+        launch, cluster = self.config.launch, self.config.cluster
+        task = proc.task
+        if task.job == "ps":
+            if not launch.restart_ps:
+                return False
+            what = (f"it restores its newest checkpoint from {self.config.ps.checkpoint_dir}"
+                    if self.config.ps.checkpoint_dir else
+                    "no ps.checkpoint_dir: the chief initialises it again from its current values")
+            what += f"; workers reconnect within ps.reconnect_timeout_s={self.config.ps.reconnect_timeout_s:g} s"
+        elif task.job in TRAINING_JOBS and cluster.worker_id(task.job, task.index) == 0:
+            if not (launch.restart_chief and cluster.ps and not self.config.elastic.enabled):
+                return False
+            what = "it runs the script again and joins the running job with the parameter servers' values"
+        else:
             return False
-        self.ps_restarts[key] = done + 1
-        restore = (f"it restores its newest checkpoint from {self.config.ps.checkpoint_dir}"
-                   if self.config.ps.checkpoint_dir else
-                   "no ps.checkpoint_dir: the chief initialises it again from its current values")
-        logger.warning("Task %s; restarting it (%d of at most %d, launch.max_ps_restarts): %s. Workers reconnect "
-                       "within ps.reconnect_timeout_s=%g s.", proc.describe_exit(), done + 1,
-                       self.config.launch.max_ps_restarts, restore, self.config.ps.reconnect_timeout_s)
-        self.start_task(proc.task)
+        key = str(task)
+        done = self.restarts.get(key, 0)
+        if done >= launch.max_restarts:
+            return False
+        self.restarts[key] = done + 1
+        logger.warning("Task %s; restarting it (%d of at most %d, launch.max_restarts): %s.", proc.describe_exit(),
+                       done + 1, launch.max_restarts, what)
+        self.start_task(task)
         return True
 
     def _worker_failure_decision(self, task: TaskSpec) -> FailureDecision:

@@ -3,6 +3,8 @@
 Usage: durability_worker.py --out DIR --mode async|ssp|bsp|sync_replicas [--m M] [--steps N]
        [--pause-at K]   the chief, before its K-th step, writes ``paused`` and waits (bounded) for the
                         test to write ``resume`` (the test kills a PS task meanwhile)
+       [--crash-chief-at K]  the chief SIGKILLs itself after its K-th step (only the first time: the
+                        launcher restarts it and the new process trains to the end)
 
 Writes ``worker-<id>.json``: steps done, the final test accuracy of this
 worker's model (after a pull), the session's recovery count and the PS status
@@ -12,6 +14,7 @@ after fit.
 import argparse
 import json
 import os
+import signal
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -24,9 +27,9 @@ from tfdist.datasets import load_digits  # noqa: E402
 
 
 class Pause(keras.callbacks.Callback):
-    def __init__(self, out, at):
+    def __init__(self, out, at, crash_at=None):
         super().__init__()
-        self.out, self.at, self.steps = out, at, 0
+        self.out, self.at, self.crash_at, self.steps = out, at, crash_at, 0
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.at is not None and batch + 1 == self.at:
@@ -39,6 +42,11 @@ class Pause(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
+        marker = os.path.join(self.out, "crashed")
+        if self.crash_at is not None and batch + 1 == self.crash_at and not os.path.exists(marker):
+            open(marker, "w").close()  # the restarted process runs to the end
+            print(f"killing myself after step {batch + 1}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main():
@@ -48,6 +56,7 @@ def main():
     p.add_argument("--m", type=int)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--pause-at", type=int)
+    p.add_argument("--crash-chief-at", type=int, help="the chief SIGKILLs itself after this step (once)")
     args = p.parse_args()
 
     if args.mode == "bsp":
@@ -68,7 +77,7 @@ def main():
                                   keras.layers.Dense(10, activation="softmax")])
         model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
-    pause = Pause(args.out, args.pause_at if me == 0 else None)
+    pause = Pause(args.out, args.pause_at if me == 0 else None, args.crash_chief_at if me == 0 else None)
     model.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=2,
               callbacks=[pause, tfdist.callbacks.LeaveOnTrainEnd()])
     strategy.pull()
