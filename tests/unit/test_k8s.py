@@ -111,11 +111,33 @@ def test_plain_manifests_for_multi_machine():
             assert container["command"] == ["python", "-m", "tfdist.ps"]
         else:
             assert container["command"] == ["python", "examples/train_digits.py", "--epochs", "3"]
-        if task.job == "chief":  # its failure ends the job, as in a local launch
-            assert pod["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] == 0
-        else:
-            assert pod["restartPolicy"] == "OnFailure" and job["spec"]["backoffLimit"] == k8s.RESTART_LIMIT
+        # every task restarts in place: a PS restores its checkpoint, the chief rejoins (launch.restart_chief)
+        assert pod["restartPolicy"] == "OnFailure" and job["spec"]["backoffLimit"] == k8s.RESTART_LIMIT
         assert "activeDeadlineSeconds" not in job["spec"]
+        # PS pods checkpoint onto the mounted claim
+        assert JobConfig.from_json(_values(container)[constants.ENV_CONFIG]).ps.checkpoint_dir == "/checkpoints/ps"
+
+
+def test_the_chief_is_not_restarted_when_the_config_says_so_or_without_parameter_servers():
+    cfg = load_config(MULTI_MACHINE)
+    cfg.launch.restart_chief = False
+    pods = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "train.py"))
+    assert pods[TaskSpec("chief", 0)][0]["restartPolicy"] == "Never"
+    assert pods[TaskSpec("worker", 0)][0]["restartPolicy"] == "OnFailure"
+    assert k8s.kubeflow_tfjob(cfg, IMAGE, "train.py")["spec"]["tfReplicaSpecs"]["Chief"]["restartPolicy"] == "Never"
+    allreduce = JobConfig.from_dict({"name": "ar", "cluster": {"worker": 2}})  # all-reduce: no PS tasks
+    pods = _containers(k8s.kubernetes_jobs(allreduce, IMAGE, "train.py"))
+    assert pods[TaskSpec("worker", 0)][0]["restartPolicy"] == "Never"
+
+
+def test_a_checkpoint_dir_in_the_config_is_kept_and_without_the_volume_none_is_set():
+    cfg = load_config(MULTI_MACHINE)
+    cfg.ps.checkpoint_dir = "gs://bucket/run"
+    _, container = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "train.py"))[TaskSpec("ps", 0)]
+    assert JobConfig.from_json(_values(container)[constants.ENV_CONFIG]).ps.checkpoint_dir == "gs://bucket/run"
+    cfg.ps.checkpoint_dir = None
+    _, container = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "train.py", checkpoint_volume=False))[TaskSpec("ps", 0)]
+    assert JobConfig.from_json(_values(container)[constants.ENV_CONFIG]).ps.checkpoint_dir is None
 
 
 @pytest.mark.parametrize("make_config", _configs())
@@ -144,6 +166,9 @@ def test_a_pod_reads_back_the_config_and_its_task(make_config, monkeypatch):
         monkeypatch.setenv(cfg.security.token_env, "the-token-from-the-secret")
         seen, seen_task = JobConfig.from_tf_config()
         assert seen_task == task
+        if cfg.cluster.ps:  # PS pods checkpoint onto the mounted claim; nothing else changes
+            assert seen.ps.checkpoint_dir == "/checkpoints/ps"
+            seen.ps.checkpoint_dir = None
         assert seen == addressed
         assert seen.strategy == cfg.strategy and seen.ps == cfg.ps
         assert seen.security.resolve_token() == "the-token-from-the-secret"
@@ -152,7 +177,7 @@ def test_a_pod_reads_back_the_config_and_its_task(make_config, monkeypatch):
 def test_without_a_chief_worker_0_plays_it():
     cfg = JobConfig.from_dict({"name": "digits", "cluster": {"worker": 2, "ps": 1}})
     pods = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "train.py"))
-    assert pods[TaskSpec("worker", 0)][0]["restartPolicy"] == "Never"
+    assert pods[TaskSpec("worker", 0)][0]["restartPolicy"] == "OnFailure"  # it rejoins (launch.restart_chief)
     assert pods[TaskSpec("worker", 1)][0]["restartPolicy"] == "OnFailure"
     mounted = {t for t, (pod, _) in pods.items() if any(v["name"] == "checkpoints" for v in pod.get("volumes", []))}
     assert mounted == {TaskSpec("ps", 0), TaskSpec("worker", 0)}
@@ -185,7 +210,7 @@ def test_kubeflow_tfjob_structure():
     replicas = tfjob["spec"]["tfReplicaSpecs"]
     assert {r: s["replicas"] for r, s in replicas.items()} == {"Chief": 1, "Worker": 3, "PS": 2, "Evaluator": 1}
     assert {r: s["restartPolicy"] for r, s in replicas.items()} == {
-        "Chief": "Never", "Worker": "OnFailure", "PS": "OnFailure", "Evaluator": "OnFailure"}
+        "Chief": "OnFailure", "Worker": "OnFailure", "PS": "OnFailure", "Evaluator": "OnFailure"}
     for rtype, spec in replicas.items():
         pod = spec["template"]["spec"]
         assert "restartPolicy" not in pod  # a replica spec field in a TFJob
@@ -196,7 +221,9 @@ def test_kubeflow_tfjob_structure():
                                         else ["python", "train.py", "--epochs", "2"])
         env = _values(container)
         assert constants.ENV_TF_CONFIG not in env  # the operator writes it
-        assert JobConfig.from_json(env[constants.ENV_CONFIG]) == k8s.kubeflow_config(cfg, "training")
+        expected = k8s.kubeflow_config(cfg, "training")
+        expected.ps.checkpoint_dir = "/checkpoints/ps"  # PS pods checkpoint onto the mounted claim
+        assert JobConfig.from_json(env[constants.ENV_CONFIG]) == expected
 
 
 @pytest.mark.parametrize("namespace", ["default", "training"])

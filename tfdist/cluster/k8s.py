@@ -33,6 +33,8 @@ Example:
 
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 import math
 import re
@@ -314,6 +316,24 @@ def _volumes(config: JobConfig, job: str, opts: _PodOptions, saves: bool) -> tup
     return volumes, mounts
 
 
+#: Where PS pods write their checkpoints on the checkpoint volume when the config names no ``ps.checkpoint_dir``.
+PS_CHECKPOINT_SUBDIR = "ps"
+
+
+def _chief_policy(config: JobConfig) -> str:
+    """``OnFailure`` when a restarted chief rejoins a running PS job (``launch.restart_chief``), else ``Never``."""
+    return "OnFailure" if config.cluster.ps and config.launch.restart_chief else "Never"
+
+
+def _with_ps_checkpoints(config: JobConfig, opts: _PodOptions) -> JobConfig:
+    """PS pods checkpoint onto the mounted claim (``/checkpoints/ps``) unless the config says where."""
+    if not opts.checkpoint_claim or not config.cluster.ps or config.ps.checkpoint_dir:
+        return config
+    config = copy.deepcopy(config)
+    config.ps.checkpoint_dir = f"{CHECKPOINT_MOUNT_PATH}/{PS_CHECKPOINT_SUBDIR}"
+    return config
+
+
 def _pod_spec(config: JobConfig, task: TaskSpec, opts: _PodOptions, *, container: str, port_name: str,
               with_tf_config: bool, saves: bool, restart_policy: str) -> dict[str, Any]:
     volumes, mounts = _volumes(config, task.job, opts, saves)
@@ -372,13 +392,15 @@ def kubernetes_jobs(
     ``TF_CONFIG`` and ``TFDIST_CONFIG`` of :func:`kubernetes_config` and the
     token from the Secret ``<name>-token``.
 
-    Restart policies: the chief (worker 0 when there is no chief) ``Never``:
-    its failure ends the job, as in a local launch, and a rerun of its script
-    would start training over. Every other task ``OnFailure``: a worker
-    restarts in place and rejoins from the current values; a PS or input task
-    restarts in place at the same address (a restarted PS starts empty until
-    the durable PS lands). ``OnFailure`` Jobs allow :data:`RESTART_LIMIT`
-    restarts. ``launch.job_timeout_s`` becomes every Job's
+    Restart policies: every task ``OnFailure``: a worker restarts in place
+    and rejoins from the current values; a PS task restarts in place at the
+    same address and restores its newest checkpoint from the checkpoint
+    volume (``ps.checkpoint_dir``, by default ``/checkpoints/ps`` on the
+    claim), and the workers reconnect; the chief (worker 0 when there is no
+    chief) rejoins the running job like the local launcher's
+    ``launch.restart_chief`` — with ``launch.restart_chief: false``, or in a
+    job without parameter servers, it is ``Never`` (its failure ends the
+    job). ``OnFailure`` Jobs allow :data:`RESTART_LIMIT` restarts. ``launch.job_timeout_s`` becomes every Job's
     ``activeDeadlineSeconds``.
 
     Args:
@@ -406,6 +428,7 @@ def kubernetes_jobs(
     """
     addressed = kubernetes_config(config, port)  # the job name first: every other name derives from it
     opts = _options(config, image, script, script_args, namespace, port, checkpoint_claim, checkpoint_volume)
+    addressed = _with_ps_checkpoints(addressed, opts)
     labels = {_LABEL_JOB: config.name}
     service = {
         "apiVersion": "v1",
@@ -423,7 +446,7 @@ def kubernetes_jobs(
     for task in _tasks(addressed):
         host = task_host(config, task)
         plays_chief = task == chief_task
-        policy = "Never" if plays_chief else "OnFailure"
+        policy = _chief_policy(config) if plays_chief else "OnFailure"
         pod_labels = {**labels, _LABEL_TYPE: task.job, _LABEL_INDEX: str(task.index)}
         pod = _pod_spec(addressed, task, opts, container="tfdist", port_name=_PORT_NAME, with_tf_config=True,
                         saves=plays_chief, restart_policy=policy)
@@ -461,10 +484,12 @@ def kubeflow_tfjob(
     ``tfjob-port``). Each pod also gets ``TFDIST_CONFIG`` of that config and
     the token from the Secret ``<name>-token``.
 
-    Restart policies: ``Chief`` ``Never`` (its failure fails the TFJob, and
-    ``cleanPodPolicy: Running`` removes the other pods); ``Worker``, ``PS``
-    and ``Evaluator`` ``OnFailure``, at most :data:`RESTART_LIMIT` restarts in
-    all (``runPolicy.backoffLimit``). Workers share one pod template, so
+    Restart policies: ``Worker``, ``PS`` and ``Evaluator`` ``OnFailure``, at
+    most :data:`RESTART_LIMIT` restarts in all (``runPolicy.backoffLimit``);
+    a PS restores its newest checkpoint from the checkpoint volume. ``Chief``
+    ``OnFailure`` too (it rejoins the running job, ``launch.restart_chief``),
+    or ``Never`` with ``launch.restart_chief: false`` (its failure fails the
+    TFJob, and ``cleanPodPolicy: Running`` removes the other pods). Workers share one pod template, so
     without a chief worker 0 restarts like the others: give the config a
     chief. The TFJob succeeds when the chief (else worker 0) does.
     ``launch.job_timeout_s`` becomes ``runPolicy.activeDeadlineSeconds``.
@@ -491,13 +516,14 @@ def kubeflow_tfjob(
     """
     addressed = kubeflow_config(config, namespace, port)  # the job name first: every other name derives from it
     opts = _options(config, image, script, script_args, namespace, port, checkpoint_claim, checkpoint_volume)
+    addressed = _with_ps_checkpoints(addressed, opts)
     labels = {_LABEL_JOB: config.name}
     replicas = {}
     for job, replica_type in KUBEFLOW_REPLICA_TYPES.items():
         count = len(getattr(addressed.cluster, job))
         if not count:
             continue
-        policy = "Never" if job == "chief" else "OnFailure"
+        policy = _chief_policy(config) if job == "chief" else "OnFailure"
         # TF_CONFIG comes from the operator; the rest of the environment is the same for every index.
         pod = _pod_spec(addressed, TaskSpec(job, 0), opts, container=_KUBEFLOW_CONTAINER,
                         port_name=_KUBEFLOW_PORT_NAME, with_tf_config=False, saves=_saves(config, job),
