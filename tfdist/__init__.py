@@ -31,6 +31,7 @@ _LAZY = {
     "elastic": "tfdist.elastic",
     "testing": "tfdist.testing",
     "ps": "tfdist.ps",
+    "checkpoint": "tfdist.checkpoint",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
