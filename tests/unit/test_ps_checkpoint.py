@@ -223,3 +223,54 @@ def test_a_server_writes_checkpoints_and_a_new_one_restores_the_newest(tmp_path)
         np.testing.assert_array_equal(got["b"], np.arange(3) + 6)
     finally:
         again.stop(0, final_checkpoint=False)
+
+
+def test_a_restarted_synchronous_job_rolls_every_task_back_to_the_newest_common_step(tmp_path):
+    """Two PS tasks restore different steps (ps:1 died before its last checkpoint): the chief aligns them."""
+    from tfdist.ps.client import PSClient
+    from tfdist.ps.placement import RoundRobinPlacement
+    from tfdist.ps.session import GradientSession
+
+    d = str(tmp_path / "ckpt")
+    plan = RoundRobinPlacement().place(SPECS, 2)
+    policy = {"policy": "bsp", "replicas_to_aggregate": 1}
+
+    def servers():
+        return [PSServer(num_workers=1, checkpoint_dir=d, checkpoint_every_steps=1, task_index=i, num_ps=2,
+                         tune_malloc=False).start() for i in range(2)]
+
+    def session(ss):
+        client = PSClient([s.address for s in ss], None, rpc_timeout_s=10.0, tune_malloc=False)
+        return GradientSession(client, SPECS, plan, 0, True, startup_timeout_s=10, heartbeat_interval_s=None,
+                               policy_spec=policy, num_workers=1)
+
+    first = servers()
+    states = {}
+    try:
+        chief = session(first)
+        chief.initialize(values(0.0))
+        for step in range(3):
+            chief.exchange({"a": np.ones((2, 2), np.float32), "b": np.ones(3, np.float32)})
+            states[step + 1] = values(step + 1.0)
+            chief.end(states[step + 1])  # the closer uploads the state of step+1: a checkpoint on every task
+        chief.close(done=False)
+    finally:
+        for s in first:
+            s.stop(0, final_checkpoint=False)
+    assert ckpt.list_steps(d, 0)[-1] == ckpt.list_steps(d, 1)[-1] == 3
+    for path in (tmp_path / "ckpt" / "ps-1").glob("ckpt-000000000003.*"):
+        path.unlink()  # ps:1 died before it wrote step 3
+
+    again = servers()
+    try:
+        assert [s.store.state_step for s in again] == [3, 2]
+        chief = session(again)
+        got = chief.initialize(values(99.0))  # the chief's own fresh values are not used: the job resumes
+        assert [s.store.state_step for s in again] == [2, 2] and chief.global_step == 2
+        np.testing.assert_array_equal(got["a"], states[2]["a"])
+        np.testing.assert_array_equal(got["b"], states[2]["b"])
+        assert ckpt.list_steps(d, 0)[-1] == 2  # the abandoned step 3 is gone: a later restart cannot pick it
+        chief.close(done=False)
+    finally:
+        for s in again:
+            s.stop(0, final_checkpoint=False)
