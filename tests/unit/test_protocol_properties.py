@@ -31,6 +31,9 @@ SPECS = [VariableSpec("a", "float32", (2, 2)), VariableSpec("b", "float32", (3,)
          VariableSpec("n", "float32", (2,), trainable=False)]
 SPEC_DICTS = [s.to_dict() for s in SPECS]
 NUM_WORKERS = 3
+#: A PS-resident table: shard 0 of 2 of a 10-row table, rows 2 wide (so 5 rows here), Adagrad.
+TABLES = [{"key": "t", "rows": 10, "dim": 2, "shard": 0, "num_shards": 2,
+           "optimizer": {"kind": "adagrad", "learning_rate": 0.1}}]
 
 #: Deterministic in the suite (CI never fails on a newly drawn example); explore more with
 #: TFDIST_HYPOTHESIS_EXAMPLES=5000 TFDIST_HYPOTHESIS_RANDOM=1 (a local search for new counter-examples).
@@ -56,7 +59,7 @@ def make_store(kind: str, initialised: bool = True) -> ParameterStore:
                            num_workers=NUM_WORKERS, max_wait_s=0.0)
     if initialised:
         svc = ParameterService(store)
-        svc.call("Init", initial_values(), worker=0, specs=SPEC_DICTS, num_workers=1)
+        svc.call("Init", initial_values(), worker=0, specs=SPEC_DICTS, num_workers=1, tables=TABLES)
         # some history: worker 1 is live, worker 2 said it is done
         svc.call("Heartbeat", worker=1)
         svc.call("Done", worker=2)
@@ -117,6 +120,9 @@ TYPED = {
     "gone": st.lists(st.integers(0, NUM_WORKERS + 1), unique=True, max_size=2),
     "total_batches": st.integers(0, 5), "brief": st.booleans(), "reset": st.booleans(),
     "at_step": st.integers(0, 4), "incarnation": st.integers(0, 3),
+    "key": st.sampled_from(["t", "a", "zzz"]), "learning_rate": st.floats(0, 1),
+    "tables": st.one_of(st.just(TABLES), st.just([]), st.just([{**TABLES[0], "dim": 3}]),
+                        st.just([{**TABLES[0], "shard": 2}]), st.just(TABLES + TABLES)),
 }
 #: Malformed values, for any field.
 MALFORMED = {
@@ -124,9 +130,10 @@ MALFORMED = {
     "base_version": count, "min_state_step": count, "timeout_s": garbage, "specs": spec_list,
     "policy": policy_spec, "num_workers": count, "nonfinite": garbage, "excluded": id_list, "drain": id_list,
     "undrain": id_list, "gone": id_list, "total_batches": count, "brief": garbage, "reset": garbage, "at_step": count, "incarnation": count,
+    "key": garbage, "learning_rate": garbage, "tables": garbage,
 }
 METHOD_FIELDS = {
-    "Init": ["worker", "specs", "policy", "num_workers", "step", "nonfinite", "reset"],
+    "Init": ["worker", "specs", "policy", "num_workers", "step", "nonfinite", "reset", "tables"],
     "WaitInit": ["worker", "timeout_s", "specs", "policy", "num_workers"],
     "Pull": ["worker", "clock", "keys", "min_state_step"],
     "Push": ["worker", "clock", "loss", "steps", "incarnation"],
@@ -135,10 +142,12 @@ METHOD_FIELDS = {
     "SetExcluded": ["worker", "excluded"], "Heartbeat": ["worker"], "Status": ["brief"], "Done": ["worker"],
     "Shutdown": ["worker"], "Leave": ["worker"], "Control": ["drain", "undrain", "gone", "total_batches"],
     "Checkpoint": ["worker", "at_step"], "Restore": ["worker", "step"],
+    "Lookup": ["worker", "key", "clock"],
+    "PushRows": ["worker", "key", "learning_rate", "step", "incarnation"],
 }
 assert set(METHOD_FIELDS) == set(METHODS)
 #: Fields a method's parser requires (drawn always, so most requests reach the store).
-REQUIRED = {"worker", "specs", "step", "excluded"}
+REQUIRED = {"worker", "specs", "step", "excluded", "key"}
 
 
 @st.composite
@@ -166,8 +175,19 @@ arrays = st.one_of(
 finite = st.floats(-4, 4, width=32)
 valid_tensors = st.fixed_dictionaries({}, optional={
     spec.key: hnp.arrays(np.float32, spec.shape, elements=finite) for spec in SPECS})
+row_ids = hnp.arrays(np.int64, st.integers(0, 4), elements=st.integers(-2, 6))
+row_tensors = st.one_of(
+    st.fixed_dictionaries({"rows": row_ids}),
+    row_ids.flatmap(lambda r: st.fixed_dictionaries({
+        "rows": st.just(r),
+        "grads": st.one_of(hnp.arrays(np.float32, (len(r), 2), elements=elements),
+                           hnp.arrays(np.float32, (len(r), 3), elements=finite),
+                           hnp.arrays(np.float64, (len(r), 2), elements=finite))})),
+    st.fixed_dictionaries({"rows": hnp.arrays(np.int32, 2, elements=st.integers(0, 4))}),
+)
 tensor_sets = st.one_of(
     valid_tensors,
+    row_tensors,
     st.dictionaries(st.sampled_from(["a", "b", "n", "zzz", "y" * 700]), arrays, max_size=3),
 )
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from tfdist.errors import PSRejectedError
 from tfdist.ps.placement import VariableSpec
+from tfdist.ps.sparse import TableSpec
 from tfdist.wire import ALLOWED_DTYPES
 
 __all__ = [
@@ -52,6 +53,9 @@ __all__ = [
     "ControlRequest",
     "CheckpointRequest",
     "RestoreRequest",
+    "LookupRequest",
+    "PushRowsRequest",
+    "TableShard",
     "method_of",
     "parse",
     "short",
@@ -200,12 +204,67 @@ class _Fields:
             raise ProtocolError(f"{self.method}: duplicate variable keys in `{name}`: {short(dup)}.")
         return specs
 
+    def tables(self, name: str = "tables") -> tuple[TableShard, ...]:
+        value = self.get(name, [])
+        if not isinstance(value, list) or len(value) > MAX_ITEMS:
+            raise self._fail(name, value, "a list of table specs")
+        shards = tuple(_table_shard(self.method, d) for d in value)
+        keys = [t.spec.key for t in shards]
+        if len(set(keys)) != len(keys):
+            raise ProtocolError(f"{self.method}: a table is named twice in `{name}`: {short(sorted(keys))}.")
+        return shards
+
     def finish(self) -> None:
         unknown = sorted(set(self.meta) - self.read)
         if unknown:
             raise ProtocolError(
                 f"{self.method}: unknown field(s) {short(unknown)}. Are client and server the same tfdist version?"
             )
+
+
+@dataclass(frozen=True)
+class TableShard:
+    """A PS-resident table (:class:`~tfdist.ps.sparse.TableSpec`) and which of its mod shards this task holds."""
+
+    spec: TableSpec
+    shard: int
+    num_shards: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.spec.to_dict(), "shard": self.shard, "num_shards": self.num_shards}
+
+
+_TABLE_FIELDS = {"key", "rows", "dim", "dtype", "initializer", "optimizer", "seed", "shard", "num_shards"}
+
+
+def _table_shard(method: str, d: Any) -> TableShard:
+    if not isinstance(d, dict) or set(d) - _TABLE_FIELDS or not {"key", "rows", "dim", "shard", "num_shards"} <= set(d):
+        raise ProtocolError(f"{method}: a table spec is an object with fields {sorted(_TABLE_FIELDS)} (key, rows, dim, "
+                            f"shard and num_shards required). Received: {short(d)}.")
+    _check_key(method, d["key"])
+    for name in ("shard", "num_shards", "seed"):
+        v = d.get(name, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT:
+            raise ProtocolError(f"{method}: table {short(d['key'])}: `{name}` must be an integer >= 0. "
+                                f"Received: {short(v)}.")
+    if not 0 <= d["shard"] < d["num_shards"]:
+        raise ProtocolError(f"{method}: table {short(d['key'])}: shard {d['shard']} is not one of "
+                            f"{d['num_shards']} shards.")
+    if isinstance(d["rows"], int) and not isinstance(d["rows"], bool) and d["rows"] > MAX_COUNT:
+        raise ProtocolError(f"{method}: table {short(d['key'])}: too many rows ({short(d['rows'])}).")
+    try:
+        spec = TableSpec.from_dict(d)
+    except (ValueError, TypeError) as e:
+        raise ProtocolError(f"{method}: {short(str(e), 300)}") from None
+    return TableShard(spec, d["shard"], d["num_shards"])
+
+
+def _row_ids(method: str, tensors: Mapping[str, np.ndarray], name: str = "rows") -> np.ndarray:
+    rows = tensors.get(name)
+    if rows is None or rows.dtype != np.int64 or rows.ndim != 1:
+        raise ProtocolError(f"{method}: tensor `{name}` must be a 1-D int64 array of row indices. Received: "
+                            f"{None if rows is None else f'{rows.dtype.name}{list(rows.shape)}'}.")
+    return rows
 
 
 def _check_key(method: str, key: Any) -> str:
@@ -288,6 +347,9 @@ class InitRequest:
     Reply: ``initialized_here`` (False: the store already held values; specs
     and policy were checked), ``version``, ``global_step``, ``incarnation``.
 
+    ``tables``: the PS-resident tables and the shard of each this task holds
+    (it initialises their rows itself; see :mod:`tfdist.ps.sparse`).
+
     ``reset`` (the chief only, gradient path recovery without checkpoints):
     replace the values of an initialised store too, and restart its global
     step at ``step``; the store takes a new incarnation, so every worker
@@ -302,12 +364,15 @@ class InitRequest:
     step: int = 0
     nonfinite: str = "refuse"
     reset: bool = False
+    tables: tuple[TableShard, ...] = ()
 
     def to_wire(self):
         meta = {"worker": self.worker, "specs": [s.to_dict() for s in self.specs], "step": self.step,
                 "nonfinite": self.nonfinite}
         if self.reset:
             meta["reset"] = True
+        if self.tables:
+            meta["tables"] = [t.to_dict() for t in self.tables]
         if self.policy is not None:
             meta["policy"] = self.policy
         if self.num_workers is not None:
@@ -332,7 +397,7 @@ class InitRequest:
                     f"{s.dtype}{list(s.shape)}."
                 )
         return cls(f.worker(), specs, tensors, f.policy(num_workers), num_workers, f.int("step", 0, MAX_COUNT, 0),
-                   f.choice("nonfinite", NONFINITE_POLICIES, "refuse"), f.flag("reset", False))
+                   f.choice("nonfinite", NONFINITE_POLICIES, "refuse"), f.flag("reset", False), f.tables())
 
 
 @dataclass(frozen=True)
@@ -600,6 +665,74 @@ class CheckpointRequest:
 
 
 @dataclass(frozen=True)
+class LookupRequest:
+    """Rows of a PS-resident table (this task's shard; ``rows`` are local row indices, int64).
+
+    ``clock`` (update path): the step the worker is about to start, as for a
+    ``Pull`` (SSP may make it wait). ``worker`` -1: an evaluator's read.
+    Reply: ``version``; tensor ``values`` (one row per requested index, in
+    order).
+    """
+
+    worker: int
+    key: str
+    rows: np.ndarray = field(repr=False)
+    clock: int | None = None
+
+    def to_wire(self):
+        meta: dict[str, Any] = {"worker": self.worker, "key": self.key}
+        if self.clock is not None:
+            meta["clock"] = self.clock
+        return meta, {"rows": self.rows}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        if set(tensors) != {"rows"}:
+            raise ProtocolError(f"Lookup: exactly one tensor, `rows`. Received: {short(sorted(tensors))}.")
+        return cls(f.worker(allow_reader=True), _check_key("Lookup", f.get("key")), _row_ids("Lookup", tensors),
+                   f.int("clock", 0, MAX_COUNT, None))
+
+
+@dataclass(frozen=True)
+class PushRowsRequest:
+    """Row gradients of a PS-resident table (``rows`` local int64, ``grads`` one row each; repeats add up).
+
+    Update path: applied at once with the table's optimizer. Gradient path:
+    counted towards global step ``step`` (required) with this worker's dense
+    gradient, and applied when that step completes. ``learning_rate``: the
+    worker's optimizer's current value (schedules); ``None``: the table's.
+    ``incarnation`` as for ``Push``. Reply: ``applied``, ``dropped``.
+    """
+
+    worker: int
+    key: str
+    rows: np.ndarray = field(repr=False)
+    grads: np.ndarray = field(repr=False)
+    learning_rate: float | None = None
+    step: int | None = None
+    incarnation: int | None = None
+
+    def to_wire(self):
+        meta: dict[str, Any] = {"worker": self.worker, "key": self.key}
+        for name in ("learning_rate", "step", "incarnation"):
+            if getattr(self, name) is not None:
+                meta[name] = getattr(self, name)
+        return meta, {"rows": self.rows, "grads": self.grads}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        if set(tensors) != {"rows", "grads"}:
+            raise ProtocolError(f"PushRows: exactly two tensors, `rows` and `grads`. Received: {short(sorted(tensors))}.")
+        rows, grads = _row_ids("PushRows", tensors), tensors["grads"]
+        if grads.ndim != 2 or grads.shape[0] != rows.shape[0]:
+            raise ProtocolError(f"PushRows: `grads` must be 2-D with one row per index: {list(grads.shape)} for "
+                                f"{rows.shape[0]} rows.")
+        return cls(f.worker(), _check_key("PushRows", f.get("key")), rows, grads,
+                   f.number("learning_rate", 0.0, 1e6, None), f.int("step", 0, MAX_COUNT, None),
+                   f.int("incarnation", 0, MAX_INCARNATION, None))
+
+
+@dataclass(frozen=True)
 class RestoreRequest:
     """A worker of the job rolls this PS task back to its checkpoint of ``step`` (a consistent cut).
 
@@ -666,6 +799,8 @@ _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "Control": ControlRequest.parse,
     "Checkpoint": CheckpointRequest.parse,
     "Restore": RestoreRequest.parse,
+    "Lookup": LookupRequest.parse,
+    "PushRows": PushRowsRequest.parse,
 }
 
 #: Methods of :data:`SERVICE` (every request and reply is a :mod:`tfdist.wire` message).

@@ -173,6 +173,12 @@ class ParameterService:
         self._after_update()
         return reply
 
+    def _rpc_Lookup(self, req: protocol.LookupRequest, budget, cancelled):
+        return self.store.lookup(req, lambda meta, values: wire.encode(meta, values), budget, cancelled)
+
+    def _rpc_PushRows(self, req: protocol.PushRowsRequest, budget, cancelled):
+        return self.store.push_rows(req), {}
+
     def _rpc_Restore(self, req: protocol.RestoreRequest, budget, cancelled):
         self.store.check_member(req.worker)
         if self.checkpointer is None:

@@ -77,10 +77,14 @@ class TableSpec:
             raise ValueError(f"Table {self.key!r}: rows must be a positive integer. Received: rows={self.rows!r}.")
         if not isinstance(self.dim, int) or isinstance(self.dim, bool) or self.dim < 1:
             raise ValueError(f"Table {self.key!r}: dim must be a positive integer. Received: dim={self.dim!r}.")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"Table {self.key!r}: seed must be an integer. Received: seed={self.seed!r}.")
         if self.dtype != "float32":
             raise ValueError(f"Table {self.key!r}: only float32 tables are supported. Received: {self.dtype!r}.")
         kind = self.initializer.get("kind") if isinstance(self.initializer, Mapping) else None
-        if kind not in INITIALIZERS or set(self.initializer) - {"kind", *INITIALIZERS[kind]}:
+        if kind not in INITIALIZERS or set(self.initializer) - {"kind", *INITIALIZERS[kind]} or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                for k, v in self.initializer.items() if k != "kind"):
             raise ValueError(f"Table {self.key!r}: unknown initializer {self.initializer!r}. "
                              f"Kinds: {sorted(INITIALIZERS)} with fields {INITIALIZERS}.")
         make_row_optimizer(self.optimizer)  # raises on a bad spec
@@ -95,8 +99,13 @@ class TableSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TableSpec":
-        return cls(str(d["key"]), d["rows"], d["dim"], d.get("dtype", "float32"), dict(d.get("initializer") or {}),
-                   dict(d.get("optimizer") or {"kind": "sgd"}), int(d.get("seed", 0)))
+        default = cls.__dataclass_fields__
+        initializer = d.get("initializer")
+        optimizer = d.get("optimizer")
+        return cls(str(d["key"]), d["rows"], d["dim"], d.get("dtype", "float32"),
+                   default["initializer"].default_factory() if initializer is None else initializer,
+                   default["optimizer"].default_factory() if optimizer is None else optimizer,
+                   d.get("seed", 0))
 
 
 class RowOptimizer:

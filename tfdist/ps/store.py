@@ -48,9 +48,14 @@ from tfdist import constants
 from tfdist.consistency import policy_from_spec
 from tfdist.consistency.base import ConsistencyPolicy, GradientAction, PolicyContext, PushAction
 from tfdist.ps.placement import VariableSpec
+from tfdist.ps.sparse import Table
+from tfdist.ps.protocol import _table_shard  # noqa: F401  (checkpoints reuse the wire check)
 from tfdist.ps.protocol import (
     ControlRequest,
     InitRequest,
+    LookupRequest,
+    PushRowsRequest,
+    TableShard,
     PullRequest,
     PushGradientsRequest,
     PushPullRequest,
@@ -151,6 +156,10 @@ class ParameterStore:
         self._cond = threading.Condition()
         self._values: dict[str, np.ndarray] = {}
         self._specs: dict[str, VariableSpec] = {}
+        #: PS-resident tables (this task's shard of each), by key.
+        self._tables: dict[str, Table] = {}
+        #: Gradient path: each worker's row gradients for the current step (applied when it completes).
+        self._sparse_acc: dict[int, list[tuple[str, np.ndarray, np.ndarray, float | None]]] = {}
         self.nonfinite = "refuse"
         self.version = 0
         self.initialized_by: int | None = None
@@ -211,6 +220,7 @@ class ParameterStore:
                 return self._reset(req)
             if self.initialized:
                 self._check_same_specs(req.specs)
+                self._check_same_tables(req.tables)
                 self._check_same_policy(req.policy)
                 self.done_workers.discard(req.worker)
                 self._touch(req.worker)
@@ -221,7 +231,9 @@ class ParameterStore:
                 policy = policy_from_spec(req.policy, req.num_workers or 1)  # parse validated the spec
             if policy is None:
                 raise StoreError("No consistency policy: the initialising worker must send one.")
+            tables = {t.spec.key: Table(t.spec, t.shard, t.num_shards) for t in req.tables}  # allocates the rows
             # -- every check passed: apply
+            self._tables = tables
             self.policy = policy
             if self.num_workers is None and req.num_workers is not None:
                 self.num_workers = req.num_workers
@@ -249,8 +261,9 @@ class ParameterStore:
             raise StoreError(f"Only the chief (worker 0) may reset a parameter server; worker {req.worker} asked.",
                              grpc_code="PERMISSION_DENIED")
         self._check_same_specs(req.specs)
+        self._check_same_tables(req.tables)
         self._check_same_policy(req.policy)
-        # -- every check passed: apply
+        # -- every check passed: apply (the tables stay: no worker holds their rows)
         for key, value in req.values.items():
             np.copyto(self._values[key], value)
         self.version += 1
@@ -267,6 +280,7 @@ class ParameterStore:
         """The gradient path starts again at ``step``: no step in progress, no aggregates kept (lock held)."""
         self.global_step = self.state_step = step
         self._acc, self._contributors, self._history = {}, set(), {}
+        self._sparse_acc = {}
         if self.policy is not None:
             self.policy.on_step_boundary(self._ctx())
 
@@ -311,6 +325,16 @@ class ParameterStore:
                 "build the same model, creating variables in the same order.",
                 grpc_code="FAILED_PRECONDITION",
             )
+
+    def _check_same_tables(self, tables: Iterable[TableShard]) -> None:
+        theirs = {t.spec.key: (t.spec, t.shard, t.num_shards) for t in tables}
+        mine = {k: (t.spec, t.shard, t.num_shards) for k, t in self._tables.items()}
+        if theirs != mine:
+            diff = sorted(set(theirs) ^ set(mine)) or sorted(k for k in theirs if theirs[k] != mine.get(k))
+            raise StoreError(
+                f"This worker's PS-resident tables differ from the ones the parameter servers hold (first "
+                f"differences: {short(diff[:4], 300)}). Every worker must build the same model.",
+                grpc_code="FAILED_PRECONDITION")
 
     def _check_same_policy(self, spec: dict | None) -> None:
         if spec is not None and self.policy is not None and spec != self.policy.spec():
@@ -598,6 +622,7 @@ class ParameterStore:
         self._history[step] = (self._acc, closer if closer is not None else min(contributors))
         for old in [s for s in self._history if s <= step - AGGREGATE_HISTORY]:
             del self._history[old]
+        self._apply_sparse_step(contributors, m)
         self.stats["aggregations"] += 1
         self.stats["gradients_aggregated"] += len(contributors)
         self.progress += len(contributors)
@@ -605,6 +630,97 @@ class ParameterStore:
         self.global_step = step + 1
         self.policy.on_step_boundary(self._ctx())
         self._cond.notify_all()
+
+    # ------------------------------------------------------------ tables
+    def _table(self, key: str) -> Table:
+        table = self._tables.get(key)
+        if table is None:
+            raise StoreError(f"Unknown table {short(key)} on this parameter server. It holds "
+                             f"{len(self._tables)} table(s), e.g. {short(list(self._tables)[:4], 200)}.",
+                             grpc_code="NOT_FOUND")
+        return table
+
+    @staticmethod
+    def _check_rows(table: Table, rows: np.ndarray) -> None:
+        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= table.num_rows):
+            bad = rows[(rows < 0) | (rows >= table.num_rows)][:4].tolist()
+            raise StoreError(f"Rows {bad} are outside {short(table.spec.key)}'s shard {table.shard} of "
+                             f"{table.num_shards} ({table.num_rows} rows: 0..{table.num_rows - 1}).",
+                             grpc_code="OUT_OF_RANGE")
+
+    def lookup(self, req: LookupRequest, consumer: Callable[[dict[str, Any], dict[str, np.ndarray]], Any],
+               timeout: float | None = None, cancelled: Cancelled = _never) -> Any:
+        """Calls ``consumer(meta, {"values": rows})`` once the rows may be read (update path: SSP's rule)."""
+        with self._cond:
+            self._require_initialized()
+            if req.worker >= 0:
+                self._check_member(req.worker)
+            table = self._table(req.key)
+            self._check_rows(table, req.rows)
+            if self.policy.path == "update" and req.worker >= 0 and req.clock is not None:
+                self._wait_for(lambda: self._pull_decision(req.worker, req.clock), timeout, "pull", cancelled)
+            self._touch(req.worker)
+            values = table.lookup(req.rows)
+            self.stats["pulls"] += 1
+            self.stats["bytes_out"] += values.nbytes
+            return consumer({"version": self.version, "incarnation": self.incarnation}, {"values": values})
+
+    def push_rows(self, req: PushRowsRequest) -> dict[str, Any]:
+        """Row gradients: applied now (update path) or counted towards ``req.step`` (gradient path)."""
+        if req.grads.dtype != np.float32:
+            raise StoreError(f"Row gradients of {short(req.key)} must be float32. Received: {req.grads.dtype.name}.")
+        self._check_finite({req.key: req.grads}, req.worker, "row gradient")
+        with self._cond:
+            self._require_initialized()
+            self._check_incarnation(req.incarnation)
+            self._check_member(req.worker)
+            table = self._table(req.key)
+            if req.grads.shape[1] != table.spec.dim:
+                raise StoreError(f"Row gradients of {short(req.key)} are {req.grads.shape[1]} wide; its rows "
+                                 f"are {table.spec.dim}.")
+            self._check_rows(table, req.rows)
+            if self.policy.path == "gradient":
+                if req.step is None:
+                    raise StoreError("PushRows on the gradient path names the global step (`step`).")
+                if req.step > self.global_step:
+                    raise StoreError(f"Row gradients for step {req.step} refused: the job is at step "
+                                     f"{self.global_step}.", grpc_code="FAILED_PRECONDITION")
+                self._touch(req.worker)
+                if req.step < self.global_step:  # that step is over: dropped, like a stale dense gradient
+                    self.stats["dropped"] += 1
+                    return {"applied": False, "dropped": True}
+                self._sparse_acc.setdefault(req.worker, []).append(
+                    (req.key, np.array(req.rows, copy=True), np.array(req.grads, copy=True), req.learning_rate))
+                return {"applied": False, "dropped": False}
+            self._touch(req.worker)
+            table.apply(req.rows, req.grads, req.learning_rate)
+            self.stats["bytes_in"] += req.grads.nbytes + req.rows.nbytes
+            self.stats["row_pushes"] = self.stats.get("row_pushes", 0) + 1
+            return {"applied": True, "dropped": False}
+
+    def _apply_sparse_step(self, contributors: frozenset[int], m: int) -> None:
+        """Gradient path, a step completes: each table gets its contributors' row gradients summed (lock held)."""
+        pending, self._sparse_acc = self._sparse_acc, {}
+        by_key: dict[str, tuple[list, list, float | None]] = {}
+        for worker in sorted(contributors):
+            for key, rows, grads, lr in pending.get(worker, ()):
+                entry = by_key.setdefault(key, ([], [], lr))
+                entry[0].append(rows)
+                entry[1].append(grads)
+        scale = np.float32(m / len(contributors)) if contributors and len(contributors) != m else None
+        for key, (rows, grads, lr) in by_key.items():
+            g = np.concatenate(grads)
+            if scale is not None:
+                g *= scale
+            self._tables[key].apply(np.concatenate(rows), g, lr)
+
+    def table_arrays(self) -> dict[str, np.ndarray]:
+        """Every table's values and slots, keyed ``table/<key>/<array>`` (copies: checkpoints, status)."""
+        with self._cond:
+            return self._table_arrays_locked()
+
+    def _table_arrays_locked(self) -> dict[str, np.ndarray]:
+        return {f"table/{key}/{name}": a.copy() for key, t in self._tables.items() for name, a in t.arrays().items()}
 
     def put_state(self, req: PutStateRequest) -> dict[str, Any]:
         """Replaces the state snapshot with the one a worker had after ``req.step`` steps.
@@ -855,6 +971,10 @@ class ParameterStore:
                 "policy_state": self.policy.state() if self.policy else None,
                 "incarnation": self.incarnation,
                 "restored_from": self.restored_from,
+                "tables": {**self._table_arrays_locked(),
+                           **{f"table/{k}/updates": t.updates for k, t in self._tables.items()}},
+                "sparse_pending": {w: [(k, r.copy(), g.copy(), lr) for k, r, g, lr in items]
+                                   for w, items in self._sparse_acc.items()},
             }
 
     # ------------------------------------------------------------ checkpoints
@@ -939,8 +1059,11 @@ class ParameterStore:
             "progress": self.progress,
             "joins": self.joins,
             "incarnation": self.incarnation,
+            "tables": [{**TableShard(t.spec, t.shard, t.num_shards).to_dict(), "updates": t.updates}
+                       for t in self._tables.values()],
         }
         values = {k: v.copy() for k, v in self._values.items()}
+        values.update(self._table_arrays_locked())
         return self._checkpoint_step(), meta, values
 
     def restore(self, meta: Mapping[str, Any], values: Mapping[str, np.ndarray], replace: bool = False) -> None:
@@ -969,6 +1092,17 @@ class ParameterStore:
                 raise StoreError(
                     f"The checkpoint is of a job with {num_workers} workers; this one has {self.num_workers}. "
                     "Use another ps.checkpoint_dir for a job of another size.", grpc_code="FAILED_PRECONDITION")
+            tables = {}
+            for d in meta.get("tables") or ():
+                shard = _table_shard("checkpoint", {k: v for k, v in d.items() if k != "updates"})
+                table = Table(shard.spec, shard.shard, shard.num_shards)
+                prefix = f"table/{shard.spec.key}/"
+                arrays = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+                if set(arrays) != set(table.arrays()) or arrays["values"].shape != table.values.shape:
+                    raise StoreError(f"The checkpoint's table {short(shard.spec.key)} is incomplete or of another "
+                                     "shape.", grpc_code="DATA_LOSS")
+                table.load(arrays, int(d.get("updates", 0)))
+                tables[shard.spec.key] = table
             missing = [sp.key for sp in specs if sp.key not in values]
             wrong = [sp.key for sp in specs if sp.key in values and (
                 values[sp.key].dtype.name != sp.dtype or tuple(values[sp.key].shape) != tuple(sp.shape))]
@@ -985,6 +1119,7 @@ class ParameterStore:
             self.nonfinite = meta.get("nonfinite", "refuse")
             self._specs = {sp.key: sp for sp in specs}
             self._values = {sp.key: np.array(values[sp.key], copy=True) for sp in specs}
+            self._tables = tables
             self.version = int(meta["version"])
             self.global_step = self.state_step = int(meta["state_step"])
             self.initialized_by = int(meta["initialized_by"])
@@ -996,7 +1131,7 @@ class ParameterStore:
             self.worker_batches = {int(w): int(n) for w, n in (meta.get("worker_batches") or {}).items()}
             self.progress = int(meta.get("progress", 0))
             self.joins = int(meta.get("joins", 0))
-            self._acc, self._contributors, self._history = {}, set(), {}
+            self._acc, self._contributors, self._history, self._sparse_acc = {}, set(), {}, {}
             if replace:
                 self.incarnation = secrets.randbits(48)
             # Every worker not done gets a fresh start-up grace: they reconnect to this task now.
@@ -1026,6 +1161,10 @@ class ParameterStore:
                 "state_step": self.state_step,
                 "num_variables": len(self._values),
                 "bytes": int(sum(v.nbytes for v in self._values.values())),
+                "tables": {k: {"rows": t.num_rows, "dim": t.spec.dim, "shard": t.shard, "num_shards": t.num_shards,
+                               "updates": t.updates, "optimizer": t.optimizer.kind,
+                               "bytes": int(sum(a.nbytes for a in t.arrays().values()))}
+                           for k, t in self._tables.items()},
                 "live_workers": sorted(self._live()),
                 "done_workers": sorted(self.done_workers),
                 "left_workers": sorted(self.left_workers),
