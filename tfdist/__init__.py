@@ -32,6 +32,7 @@ _LAZY = {
     "testing": "tfdist.testing",
     "ps": "tfdist.ps",
     "checkpoint": "tfdist.checkpoint",
+    "layers": "tfdist.layers",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -109,3 +109,21 @@ def test_spec_round_trip_and_checkpoint_arrays():
     for k, v in table.arrays().items():
         np.testing.assert_array_equal(copy.arrays()[k], v)
     assert copy.updates == 1
+
+
+@pytest.mark.parametrize("name", sorted(ROW_SPECS))
+def test_rows_in_any_order_get_their_own_gradients(name):
+    """The rows of a push arrive in the batch's order (not sorted): each row gets its own gradient."""
+    spec = sparse.TableSpec("t", ROWS, DIM, optimizer=ROW_SPECS[name])
+    shuffled, ordered = sparse.Table(spec, 0, 1), sparse.Table(spec, 0, 1)
+    rows = np.array([4, 0, 6, 2])
+    g = np.arange(4 * DIM, dtype=np.float32).reshape(4, DIM) - 5
+    shuffled.apply(rows, g, 0.1)
+    order = np.argsort(rows)
+    ordered.apply(rows[order], g[order], 0.1)
+    np.testing.assert_array_equal(shuffled.values, ordered.values)
+    one_by_one = sparse.Table(spec, 0, 1)
+    for r, gr in zip(rows, g):  # rows are independent: one push per row gives the same values (not Adam: it counts)
+        one_by_one.updates = 0
+        one_by_one.apply(np.array([r]), gr[None], 0.1)
+    np.testing.assert_allclose(one_by_one.values, ordered.values, rtol=1e-6)

@@ -33,10 +33,14 @@ from tfdist.consistency.ssp import cache_is_fresh_enough
 from tfdist.errors import PSRejectedError, PSRestartedError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec
+from tfdist.ps.sparse import TableSpec, shard_of
 from tfdist.ps.protocol import (
     CheckpointRequest,
     InitRequest,
     LeaveRequest,
+    LookupRequest,
+    PushRowsRequest,
+    TableShard,
     PullRequest,
     PushGradientsRequest,
     PushPullRequest,
@@ -80,6 +84,9 @@ class WorkerSession:
             (default) or ``"allow"``; the chief's choice holds for the job.
         reconnect_timeout_s: How long :meth:`recover` tries to reach a lost
             PS task again (``ps.reconnect_timeout_s``). Defaults to 60.
+        tables: PS-resident tables (:class:`~tfdist.ps.sparse.TableSpec`):
+            the chief's ``Init`` gives each task its shard; see
+            :meth:`lookup_rows` and :meth:`push_rows`.
 
     Every reply names the PS task's *incarnation* (one per start of the
     task); a reply from another incarnation than the one this worker knows
@@ -101,8 +108,11 @@ class WorkerSession:
         conditional_pull: bool = True,
         nonfinite: str = "refuse",
         reconnect_timeout_s: float = 60.0,
+        tables: Sequence[TableSpec] = (),
     ):
         self.client = client
+        #: PS-resident tables (rows sharded mod the PS tasks), by key.
+        self.tables = {t.key: t for t in tables}
         self.reconnect_timeout_s = reconnect_timeout_s
         #: The incarnation of each PS task this worker's state comes from (``None``: not heard yet).
         self.incarnation: list[int | None] = [None] * plan.num_ps
@@ -156,6 +166,47 @@ class WorkerSession:
             else:
                 out[spec.key] = np.concatenate([found[s.key] for s in shards], axis=0)
         return out
+
+    def _init_request(self, ps: int, values: Mapping[str, np.ndarray], step: int = 0, reset: bool = False
+                      ) -> InitRequest:
+        """The chief's ``Init`` of task ``ps``: its variables, the policy, and its shard of every table."""
+        return InitRequest(self.worker_id, self._shard_specs(ps), values, self.policy_spec, self.num_workers,
+                           step=step, nonfinite=self.nonfinite, reset=reset,
+                           tables=tuple(TableShard(t, ps, self.plan.num_ps) for t in self.tables.values()))
+
+    # ------------------------------------------------------------- tables
+    def lookup_rows(self, key: str, ids: np.ndarray, as_reader: bool = False) -> np.ndarray:
+        """Rows ``ids`` (unique global ids, int64) of PS-resident table ``key``: one request per PS task holding any."""
+        spec = self.tables[key]
+        shard, local = shard_of(ids, self.plan.num_ps)
+        worker = -1 if as_reader else self.worker_id
+        clock = None if as_reader else self._lookup_clock()
+        requests = {ps: LookupRequest(worker, key, local[shard == ps], clock)
+                    for ps in range(self.plan.num_ps) if (shard == ps).any()}
+        out = np.empty((len(ids), spec.dim), np.float32)
+        for ps, (_, tensors) in self._request_many(requests).items():
+            out[shard == ps] = tensors["values"]
+        self.stats["rows_pulled"] = self.stats.get("rows_pulled", 0) + len(ids)
+        return out
+
+    def push_rows(self, key: str, ids: np.ndarray, grads: np.ndarray, learning_rate: float | None) -> None:
+        """Row gradients of table ``key`` (``ids`` global, may repeat) to the tasks holding those rows."""
+        shard, local = shard_of(ids, self.plan.num_ps)
+        step = self._row_step()
+        grads = np.ascontiguousarray(grads, np.float32)
+        requests = {ps: PushRowsRequest(self.worker_id, key, local[shard == ps], grads[shard == ps], learning_rate,
+                                        step, self.incarnation[ps])
+                    for ps in range(self.plan.num_ps) if (shard == ps).any()}
+        self._request_many(requests)
+        self.stats["rows_pushed"] = self.stats.get("rows_pushed", 0) + len(ids)
+
+    def _lookup_clock(self) -> int | None:
+        """Update path: a lookup is a read at the step about to start (SSP's rule applies)."""
+        return self.clock
+
+    def _row_step(self) -> int | None:
+        """Update path: row gradients are applied at once (no step)."""
+        return None
 
     def _shard_specs(self, ps: int) -> tuple[VariableSpec, ...]:
         """The variables (or row pieces) PS task ``ps`` holds, as it sees them."""
@@ -285,10 +336,7 @@ class WorkerSession:
         """Tasks that restarted with no state: the chief initialises them again; the others wait for it."""
         if self.is_chief and local_values is not None:
             parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
-            self.client.request_many({
-                ps: InitRequest(self.worker_id, self._shard_specs(ps), parts[ps], self.policy_spec,
-                                self.num_workers, step=self.global_step, nonfinite=self.nonfinite)
-                for ps in tasks})
+            self.client.request_many({ps: self._init_request(ps, parts[ps], step=self.global_step) for ps in tasks})
             logger.warning("worker %d: ps:%s restarted without a checkpoint; initialised again from this worker's "
                            "current values (set ps.checkpoint_dir to restore instead)", self.worker_id, tasks)
             return
@@ -316,11 +364,7 @@ class WorkerSession:
         self.client.wait_ready(self.startup_timeout_s)
         if self.is_chief:
             parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
-            requests = {
-                ps: InitRequest(self.worker_id, self._shard_specs(ps), parts[ps], self.policy_spec,
-                                self.num_workers, nonfinite=self.nonfinite)
-                for ps in range(self.plan.num_ps)
-            }
+            requests = {ps: self._init_request(ps, parts[ps]) for ps in range(self.plan.num_ps)}
             replies = self._request_many(requests)
             fresh = all(meta["initialized_here"] for meta, _ in replies.values())
             if fresh:
@@ -778,6 +822,12 @@ class GradientSession(WorkerSession):
             self.known_global_step = self.global_step
         return values
 
+    def _lookup_clock(self) -> int | None:
+        return None  # the barrier orders reads: the previous step's rows are applied before any read of this one
+
+    def _row_step(self) -> int | None:
+        return self.global_step  # counted towards this step, applied when it completes
+
     def _align_restored_tasks(self, values):
         """The chief, when the tasks held values already (restored from checkpoints): one state step on all.
 
@@ -813,10 +863,7 @@ class GradientSession(WorkerSession):
         elif self.is_chief and local_values is not None:
             step = self.global_step
             parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
-            self.client.request_many({
-                ps: InitRequest(self.worker_id, self._shard_specs(ps), parts[ps], self.policy_spec,
-                                self.num_workers, step=step, nonfinite=self.nonfinite, reset=True)
-                for ps in range(n)})
+            self.client.request_many({ps: self._init_request(ps, parts[ps], step=step, reset=True) for ps in range(n)})
             logger.warning("worker %d: reset every parameter server to this worker's state at step %d (ps:%s "
                            "restarted)", self.worker_id, step, restarted)
         else:

@@ -244,11 +244,15 @@ class Table:
 
     def apply(self, rows: np.ndarray, grads: np.ndarray, learning_rate: float | None) -> None:
         """Sums the gradients of repeated rows, then applies the optimizer to each row once."""
-        unique, inverse = np.unique(rows, return_inverse=True)
-        if len(unique) != len(rows):
+        unique, inverse = np.unique(rows, return_inverse=True)  # sorted; inverse: each row's place in it
+        grads = np.asarray(grads, np.float32)
+        summed = np.empty((len(unique), self.spec.dim), np.float32) if len(unique) == len(rows) else None
+        if summed is not None:
+            summed[inverse] = grads
+        else:
             summed = np.zeros((len(unique), self.spec.dim), np.float32)
             np.add.at(summed, inverse, grads)
-            grads = summed
+        grads = summed
         self.updates += 1
         lr = self.optimizer.params["learning_rate"] if learning_rate is None else learning_rate
         self.optimizer.apply(self.values, self.slots, unique, grads.astype(np.float32, copy=False), lr,

@@ -21,6 +21,7 @@ job's exchange path (``_ps_runtime.py``):
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -53,8 +54,11 @@ class ParameterServerExtended(OneDeviceExtended):
         name = str(kwargs.get("name") or "")
         on_ps = self._runtime.wants(name, kwargs)
         var = super()._create_variable(next_creator, **kwargs)
+        owner = keras_variable_owner()
+        if isinstance(owner, keras.optimizers.Optimizer):
+            self._runtime.note_optimizer(owner)
         if on_ps:
-            self._runtime.register(var, name, kwargs, owner=keras_variable_owner())
+            self._runtime.register(var, name, kwargs, owner=owner)
         return var
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):

@@ -38,6 +38,7 @@ from tfdist.errors import ClusterError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.ps.protocol import CheckpointRequest
+from tfdist.ps.sparse import TableSpec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.strategies._derived_state import DerivedStateLayers
 from tfdist.testing.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
@@ -176,6 +177,10 @@ class PSRuntime:
         self.worker_id = config.cluster.worker_id(task.job, task.index) if task.job in ("chief", "worker") else -1
         self.is_chief = self.worker_id == 0
         self.registry = VariableRegistry()
+        #: PS-resident tables: key → (name, rows, dim, initializer, optimizer or None, seed).
+        self._tables: dict[str, tuple] = {}
+        #: The Keras optimizer built under the scope (the row optimizer of tables without their own).
+        self.keras_optimizer = None
         self.session: WorkerSession | None = None
         self.plan: PlacementPlan | None = None
         self._lock = threading.Lock()
@@ -222,6 +227,62 @@ class PSRuntime:
     def key_of(self, var) -> str | None:
         return self.registry.key_of(var)
 
+    # ------------------------------------------------------------------ tables
+    def register_table(self, name: str, rows: int, dim: int, initializer: dict, optimizer: dict | None,
+                       seed: int) -> str:
+        """A PS-resident table (``tfdist.layers.ShardedEmbedding``); returns its key.
+
+        Its row optimizer is fixed when the parameter servers are initialised:
+        ``optimizer`` if given, else the Keras optimizer this worker builds
+        under the strategy's scope (see :meth:`note_optimizer`).
+        """
+        if self.session is not None:
+            raise ClusterError(f"Table {name!r} was created after the parameter servers were initialised: create "
+                               "every ShardedEmbedding before the first fit/evaluate/predict step.")
+        key = f"t{len(self._tables):03d}/{name}"
+        self._tables[key] = (name, rows, dim, initializer, optimizer, seed)
+        return key
+
+    def note_optimizer(self, optimizer) -> None:
+        """The Keras optimizer whose variables are created under the scope: tables without their own use it."""
+        self.keras_optimizer = optimizer
+
+    def _table_specs(self) -> list[TableSpec]:
+        from tfdist.layers import row_optimizer_spec
+
+        specs = []
+        for key, (name, rows, dim, initializer, optimizer, seed) in self._tables.items():
+            if optimizer is None:
+                if self.keras_optimizer is None:
+                    logger.warning("table %r: no optimizer known yet (the first step is not a training step); its rows "
+                                   "are trained with SGD(0.01). Give ShardedEmbedding(optimizer=...) to choose.", name)
+                    optimizer = {"kind": "sgd"}
+                else:
+                    optimizer = row_optimizer_spec(self.keras_optimizer)
+            specs.append(TableSpec(key, rows, dim, initializer=initializer, optimizer=optimizer, seed=seed))
+        return specs
+
+    def lookup_rows(self, key: str, ids: np.ndarray) -> np.ndarray:
+        """The rows ``ids`` (unique) of table ``key``, for the step running now (a lost PS task is recovered)."""
+        session = self.ensure_session()
+        as_reader = self._left or self.worker_id < 0 or self.in_warmup
+        try:
+            return session.lookup_rows(key, ids, as_reader=as_reader)
+        except PSUnavailableError as e:
+            self.registry.assign(session.recover(e, self.registry.values() if self.is_chief else None,
+                                                 as_reader=as_reader))
+            return session.lookup_rows(key, ids, as_reader=as_reader)
+
+    def push_rows(self, key: str, ids: np.ndarray, grads: np.ndarray) -> None:
+        """The step's row gradients of table ``key`` (dropped, after recovering, if a PS task was lost)."""
+        self._require_training_task()
+        if self.in_warmup:
+            return
+        lr = None
+        if self.keras_optimizer is not None:
+            lr = float(np.asarray(self.keras_optimizer.learning_rate))
+        self._recovering(lambda: self.session.push_rows(key, ids, grads, lr))
+
     def make_plan(self) -> PlacementPlan:
         placement = make_placement(self.config.ps.placement, self.config.ps.partition_threshold_bytes)
         return placement.place(self.specs, len(self.config.cluster.ps))
@@ -253,6 +314,7 @@ class PSRuntime:
                 num_workers=self.config.starting_workers,
                 nonfinite=self.config.ps.nonfinite,
                 reconnect_timeout_s=self.config.ps.reconnect_timeout_s,
+                tables=self._table_specs(),
             )
             values = session.initialize(self.registry.values() if self.is_chief else {})
             if values is not None:

@@ -1,0 +1,206 @@
+"""Keras layers for parameter-server training: :class:`ShardedEmbedding`, an embedding table that lives on the PS.
+
+```python
+strategy = tfdist.ParameterServerStrategy()
+with strategy.scope():
+    ids = keras.Input((8,), dtype="int64")
+    x = tfdist.layers.ShardedEmbedding(10_000_000, 32)(ids)     # 1.28 GB: on the PS tasks only
+    ...
+```
+
+Under a tfdist parameter-server strategy the table's rows are split over
+every PS task (row ``i`` on task ``i % num_ps``); a worker holds no row. Each
+step fetches the distinct rows its batch touches (one request per task, in
+parallel), and the backward pass sends the row gradients back; the PS applies
+the optimizer to those rows (:mod:`tfdist.ps.sparse`: SGD, Adagrad, lazy
+Adam, FTRL). Which optimizer: ``optimizer=`` if given, else the Keras
+optimizer the model was compiled with (SGD, Adagrad, Adam, Ftrl map
+directly; its current learning rate is sent with every step, so schedules
+work). Outside such a strategy (a plain Keras process, loading a saved model)
+it is an ordinary ``keras.layers.Embedding`` with a local table.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist.errors import ConfigError
+from tfdist.ps.sparse import OPTIMIZERS, make_row_optimizer
+
+__all__ = ["ShardedEmbedding", "row_optimizer_spec"]
+
+logger = logging.getLogger(__name__)
+
+#: Keras optimizer class name → row optimizer kind, and the hyper-parameters that carry over.
+_KERAS_TO_ROW = {
+    "SGD": ("sgd", ("momentum", "nesterov")),
+    "Adagrad": ("adagrad", ("initial_accumulator_value", "epsilon")),
+    "Adam": ("adam", ("beta_1", "beta_2", "epsilon")),
+    "Ftrl": ("ftrl", ("learning_rate_power", "initial_accumulator_value", "l1_regularization_strength",
+                      "l2_regularization_strength", "l2_shrinkage_regularization_strength", "beta")),
+}
+#: Options of Keras optimizers the PS does not apply to table rows.
+_NOT_APPLIED = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema", "amsgrad")
+
+
+def row_optimizer_spec(optimizer: Any) -> dict[str, Any]:
+    """The row optimizer (``{"kind": ..., hyper-parameters}``) for a Keras optimizer, or a spec as given.
+
+    Raises:
+        ConfigError: an optimizer the PS cannot run on rows (e.g. RMSprop,
+            AdamW): pass ``optimizer={"kind": "adam", ...}`` to the layer.
+    """
+    if isinstance(optimizer, Mapping):
+        make_row_optimizer(optimizer)
+        return dict(optimizer)
+    if isinstance(optimizer, str):
+        optimizer = keras.optimizers.get(optimizer)
+    name = type(optimizer).__name__
+    if name not in _KERAS_TO_ROW:
+        raise ConfigError(
+            f"ShardedEmbedding: the parameter servers cannot apply {name} to table rows. Pass the layer a row "
+            f"optimizer, e.g. optimizer={{'kind': 'adam', 'learning_rate': 1e-3}} (kinds: {sorted(OPTIMIZERS)}).")
+    kind, params = _KERAS_TO_ROW[name]
+    config = optimizer.get_config()
+    spec: dict[str, Any] = {"kind": kind}
+    lr = config.get("learning_rate")
+    if isinstance(lr, (int, float)):
+        spec["learning_rate"] = float(lr)
+    for p in params:
+        if p in config:
+            spec[p] = bool(config[p]) if isinstance(OPTIMIZERS[kind][p], bool) else float(config[p])
+    ignored = [o for o in _NOT_APPLIED if config.get(o)]
+    if ignored:
+        logger.warning("ShardedEmbedding: %s options %s are not applied to the table's rows on the parameter servers",
+                       name, ignored)
+    make_row_optimizer(spec)
+    return spec
+
+
+def _initializer_spec(initializer: Any) -> dict[str, Any] | None:
+    """The PS-side initialiser for a Keras initializer (``None``: the PS cannot run it)."""
+    init = keras.initializers.get(initializer)
+    name = type(init).__name__
+    config = init.get_config()
+    if name == "RandomUniform":
+        return {"kind": "uniform", "minval": float(config["minval"]), "maxval": float(config["maxval"])}
+    if name == "RandomNormal":
+        return {"kind": "normal", "mean": float(config["mean"]), "stddev": float(config["stddev"])}
+    if name == "TruncatedNormal":
+        return {"kind": "truncated_normal", "mean": float(config["mean"]), "stddev": float(config["stddev"])}
+    if name == "Zeros":
+        return {"kind": "zeros"}
+    return None
+
+
+def _ps_runtime():
+    """The PS runtime of the tfdist strategy in scope, or ``None``."""
+    from tfdist.strategies.parameter_server import ParameterServerStrategy
+
+    strategy = tf.distribute.get_strategy()
+    return strategy._runtime if isinstance(strategy, ParameterServerStrategy) else None  # noqa: SLF001
+
+
+@keras.saving.register_keras_serializable(package="tfdist")
+class ShardedEmbedding(keras.layers.Layer):
+    """``keras.layers.Embedding`` whose table lives on the parameter servers (see the module docstring).
+
+    Args:
+        input_dim: Rows of the table (the vocabulary size).
+        output_dim: Width of a row.
+        embeddings_initializer: ``"uniform"`` (Keras's default, U(-0.05, 0.05)),
+            ``"normal"``, ``"truncated_normal"``, ``"zeros"`` or such a Keras
+            initializer: the PS tasks initialise their rows themselves.
+        mask_zero: As in ``keras.layers.Embedding``.
+        optimizer: The row optimizer: a Keras optimizer or ``{"kind":
+            "adam", "learning_rate": ...}``. Defaults to the optimizer the
+            model is compiled with.
+        seed: Seed of the PS-side initialisation. Defaults to 0.
+    """
+
+    def __init__(self, input_dim: int, output_dim: int, embeddings_initializer: Any = "uniform",
+                 mask_zero: bool = False, optimizer: Any = None, seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.input_dim, self.output_dim = int(input_dim), int(output_dim)
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.mask_zero = mask_zero
+        self.supports_masking = mask_zero
+        self.row_optimizer = None if optimizer is None else row_optimizer_spec(optimizer)
+        self.seed = int(seed)
+        self._table_key: str | None = None
+        self._runtime = None
+
+    def build(self, input_shape=None):
+        runtime = _ps_runtime()
+        init = _initializer_spec(self.embeddings_initializer)
+        if runtime is None:  # plain Keras: an ordinary embedding
+            self.embeddings = self.add_weight(shape=(self.input_dim, self.output_dim), name="embeddings",
+                                              initializer=self.embeddings_initializer)
+        else:
+            if init is None:
+                raise ConfigError(f"ShardedEmbedding {self.name!r}: the parameter servers cannot run the initializer "
+                                  f"{type(self.embeddings_initializer).__name__}; use uniform, normal, "
+                                  "truncated_normal or zeros.")
+            self._runtime = runtime
+            # The step's gradient reaches the table through this scalar (its own gradient is always 0).
+            self._anchor = self.add_weight(shape=(), name="table_anchor", initializer="zeros")
+            self._table_key = runtime.register_table(self.name, self.input_dim, self.output_dim, init,
+                                                     self.row_optimizer, self.seed)
+        self.built = True
+
+    @property
+    def resident(self) -> bool:
+        """Whether the table lives on the parameter servers (else it is a local variable)."""
+        return self._table_key is not None
+
+    def call(self, inputs):
+        if not self.resident:
+            if inputs.dtype != "int32" and inputs.dtype != "int64":
+                inputs = keras.ops.cast(inputs, "int32")
+            return keras.ops.take(self.embeddings, inputs, axis=0)
+        return _lookup(self._runtime, self._table_key, self.output_dim, inputs, self._anchor.value)
+
+    def compute_mask(self, inputs, mask=None):
+        if not self.mask_zero:
+            return None
+        return keras.ops.not_equal(inputs, 0)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.output_dim)
+
+    def get_config(self):
+        return {**super().get_config(), "input_dim": self.input_dim, "output_dim": self.output_dim,
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+                "mask_zero": self.mask_zero, "optimizer": self.row_optimizer, "seed": self.seed}
+
+
+def _lookup(runtime, key: str, dim: int, inputs, anchor):
+    ids = tf.cast(inputs, tf.int64)
+    flat = tf.reshape(ids, [-1])
+    unique, index = tf.unique(flat)
+
+    @tf.custom_gradient
+    def fetch(unique_ids, anchor_value):
+        rows = tf.py_function(lambda u: runtime.lookup_rows(key, u.numpy()), [unique_ids], tf.float32,
+                              name="tfdist_lookup_rows")
+        rows = tf.ensure_shape(rows, [None, dim])
+
+        def grad(d_rows):
+            d_rows = tf.convert_to_tensor(d_rows)  # from the gather: IndexedSlices over the unique rows
+            def push(u, g):
+                runtime.push_rows(key, u.numpy(), g.numpy())
+                return np.float32(0.0)
+
+            sent = tf.reshape(tf.py_function(push, [unique_ids, d_rows], tf.float32, name="tfdist_push_rows"), [])
+            return None, tf.zeros_like(anchor_value) + 0.0 * sent  # the push runs before the anchor's update
+
+        return rows, grad
+
+    rows = fetch(unique, anchor)
+    out = tf.gather(rows, index)
+    return tf.reshape(out, tf.concat([tf.shape(ids), [dim]], axis=0))
