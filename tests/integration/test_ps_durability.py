@@ -235,7 +235,7 @@ def _checkpoint_files(directory):
 
 
 def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_path, tmp_path_factory, scripts_dir):
-    """Async: SIGKILL ps:1 in the middle of a checkpoint write (a 48 MiB shard); it restores the one before.
+    """Async: SIGKILL ps:1 in the middle of a checkpoint write (a 16 MiB shard); it restores the one before.
 
     The test polls ps:1's checkpoint directory; when a temporary file
     appears (after one complete checkpoint), it SIGSTOPs ps:1 at once and
@@ -265,7 +265,7 @@ def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_pa
             time.sleep(0.002)
 
     results, killed, restarts, logs, _ = _run(tmp_path, scripts_dir, "async", config, fault=kill_ps1_while_writing,
-                                              extra=["--ballast-mb", "48"])
+                                              extra=["--ballast-mb", "16"])
     assert restarts == {"ps:1": 1}, logs
     previous = max(killed["complete"])
     assert previous < killed["torn"]
@@ -273,7 +273,7 @@ def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_pa
         assert r["steps"] == STEPS, logs
         assert r["recoveries"] >= 1, logs
     after = results[0]["ps_status"][1]
-    assert after["bytes"] >= 48 * 2 ** 20  # the ballast is on ps:1
+    assert after["bytes"] >= 16 * 2 ** 20  # the ballast is on ps:1
     assert after["restored_from"] == previous, (after, killed)  # the previous complete checkpoint, not the torn one
     assert f"restarted from the checkpoint of step {previous}" in logs["ps:1"]
     baseline = _baseline(tmp_path_factory, scripts_dir, "async")
