@@ -1,4 +1,4 @@
-"""A parameter-server task killed mid-fit: the launcher restarts it, it restores its checkpoint, workers go on.
+"""The fault matrix: a PS task, the chief or a worker killed (or stopped) mid-fit; the job ends as good as without.
 
 Real processes (``tfdist.testing.LocalCluster``, whose wait loop is the
 launcher's: ``launch.restart_ps`` is on by default): 2 PS tasks, 2 workers,
@@ -7,10 +7,20 @@ bounded), the test SIGKILLs ``ps:1`` and lets the chief go on; both workers
 must finish ``fit`` with a good model, having recovered by themselves, and
 ``ps:1`` must come back as a new incarnation restored from a checkpoint (or,
 without ``ps.checkpoint_dir``, initialised again from the chief's values).
+
+The other faults: the chief SIGKILLs itself (the launcher starts it again);
+a non-chief worker is SIGKILLed under async (the job goes on without it);
+a worker is SIGSTOPped past ``ps.heartbeat_timeout_s`` under BSP and
+SyncReplicas (the others go on, it rejoins after SIGCONT); ``ps:1`` is
+SIGKILLed in the middle of writing a checkpoint (it restores the previous
+one). Each compares the chief's test accuracy with the same job without the
+fault (``_baseline``) and prints what was lost.
 """
 
 import json
 import os
+import re
+import signal
 import time
 
 import pytest
@@ -38,50 +48,59 @@ def _status(cluster, ps):
     return meta
 
 
-_BASELINE: dict[str, float] = {}
+_BASELINE: dict[tuple[str, int], float] = {}
 
 
-def _run(tmp_path, scripts_dir, mode, config, fault, extra=()):
-    """Runs the job; with ``fault``, kills ps:1 while the chief is paused. Returns (results, before, restarts, logs)."""
+def _kill_ps1(cluster, out):
+    """The fault of ``test_a_job_survives_a_killed_ps``: while the chief is paused, SIGKILL ps:1."""
+    _wait_for_file(cluster, str(out / "paused"), 240)
+    before = _status(cluster, 1)
+    cluster.kill("ps:1")
+    (out / "resume").touch()
+    return before
+
+
+def _run(tmp_path, scripts_dir, mode, config, fault=None, extra=(), workers=(0, 1), m=1):
+    """Runs the job; ``fault(cluster, out)`` (run once the job started) injects the fault.
+
+    Returns (results of ``workers`` that wrote one, what ``fault`` returned, restarts, logs, cluster).
+    """
     out = tmp_path / "out"
     out.mkdir()
     cluster = LocalCluster(workers=2, ps=2, config=config, log_dir=str(tmp_path / "logs"))
-    args = ["--out", str(out), "--mode", mode, "--m", "1", "--steps", str(STEPS), *extra]
+    args = ["--out", str(out), "--mode", mode, "--m", str(m), "--steps", str(STEPS), *extra]
     before = None
     with cluster:
-        cluster.start(os.path.join(scripts_dir, "durability_worker.py"),
-                      args + (["--pause-at", str(PAUSE_AT)] if fault else []))
-        if fault:
-            _wait_for_file(cluster, str(out / "paused"), 240)
-            before = _status(cluster, 1)
-            cluster.kill("ps:1")
-            (out / "resume").touch()
-        cluster.wait(240)  # restarts ps:1 when it sees it dead
+        cluster.start(os.path.join(scripts_dir, "durability_worker.py"), args)
+        if fault is not None:
+            before = fault(cluster, out)
+        cluster.wait(240)  # the launcher's loop: restarts a dead ps:1, goes on without a dead non-chief worker
         logs = {t: cluster.log(t)[-3000:] for t in ("worker:0", "worker:1", "ps:1")}
         restarts = dict(cluster.job.restarts)
-    results = [json.load(open(out / f"worker-{w}.json")) for w in (0, 1)]
-    return results, before, restarts, logs
+    results = [json.load(open(out / f"worker-{w}.json")) for w in workers]
+    return results, before, restarts, logs, cluster
 
 
-def _baseline(tmp_path_factory, scripts_dir, mode) -> float:
-    """The chief's test accuracy of the same job without the fault (run once per mode)."""
-    if mode not in _BASELINE:
-        results, _, _, _ = _run(tmp_path_factory.mktemp(f"baseline-{mode}"), scripts_dir, mode,
-                                JobConfig(name="durable"), fault=False)
-        _BASELINE[mode] = results[0]["accuracy"]
-    return _BASELINE[mode]
+def _baseline(tmp_path_factory, scripts_dir, mode, m=1) -> float:
+    """The chief's test accuracy of the same job without the fault (run once per mode and M)."""
+    if (mode, m) not in _BASELINE:
+        results, *_ = _run(tmp_path_factory.mktemp(f"baseline-{mode}-{m}"), scripts_dir, mode,
+                           JobConfig(name="durable"), m=m)
+        _BASELINE[mode, m] = results[0]["accuracy"]
+    return _BASELINE[mode, m]
 
 
 @pytest.mark.parametrize("mode, with_checkpoints", [
-    ("async", True), ("async", False), ("bsp", True), ("sync_replicas", False),
-], ids=["async-checkpoint", "async-no-checkpoint", "bsp-checkpoint", "sync_replicas-no-checkpoint"])
+    ("async", True), ("async", False), ("ssp", True), ("bsp", True), ("sync_replicas", False),
+], ids=["async-checkpoint", "async-no-checkpoint", "ssp-checkpoint", "bsp-checkpoint", "sync_replicas-no-checkpoint"])
 def test_a_job_survives_a_killed_ps(tmp_path, tmp_path_factory, scripts_dir, mode, with_checkpoints):
     config = JobConfig(name="durable")
     if with_checkpoints:
         config.ps.checkpoint_dir = str(tmp_path / "ckpt")
         config.ps.checkpoint_every_steps = EVERY
         config.ps.checkpoint_every_s = None
-    results, before, restarts, logs = _run(tmp_path, scripts_dir, mode, config, fault=True)
+    results, before, restarts, logs, _ = _run(tmp_path, scripts_dir, mode, config, fault=_kill_ps1,
+                                              extra=["--pause-at", str(PAUSE_AT)])
     assert restarts == {"ps:1": 1}
     baseline = _baseline(tmp_path_factory, scripts_dir, mode)
     print(f"{mode}: accuracy {results[0]['accuracy']:.4f} with ps:1 killed, {baseline:.4f} without")
@@ -91,7 +110,7 @@ def test_a_job_survives_a_killed_ps(tmp_path, tmp_path_factory, scripts_dir, mod
         assert r["recoveries"] >= 1, logs  # every worker recovered by itself
     after = results[0]["ps_status"][1]
     assert after["incarnation"] != before["incarnation"]
-    if mode != "async":  # the gradient path: the chief reset every task to its state; one state everywhere
+    if mode in ("bsp", "sync_replicas"):  # the gradient path: the chief reset every task to its state
         assert "reset every parameter server to this worker's state" in logs["worker:0"]
         assert len({st["state_step"] for st in results[0]["ps_status"]}) == 1
     elif with_checkpoints:
@@ -109,8 +128,8 @@ def test_a_job_survives_a_killed_ps(tmp_path, tmp_path_factory, scripts_dir, mod
 @pytest.mark.parametrize("mode", ["async", "bsp"])
 def test_a_job_survives_a_killed_chief(tmp_path, tmp_path_factory, scripts_dir, mode):
     """The chief SIGKILLs itself mid-fit; the launcher starts it again and it joins with the job's values."""
-    results, _, restarts, logs = _run(tmp_path, scripts_dir, mode, JobConfig(name="durable"), fault=False,
-                                      extra=["--crash-chief-at", str(PAUSE_AT)])
+    results, _, restarts, logs, _ = _run(tmp_path, scripts_dir, mode, JobConfig(name="durable"),
+                                         extra=["--crash-chief-at", str(PAUSE_AT)])
     assert restarts == {"worker:0": 1}, logs
     assert os.path.exists(tmp_path / "out" / "crashed")
     baseline = _baseline(tmp_path_factory, scripts_dir, mode)
@@ -119,3 +138,146 @@ def test_a_job_survives_a_killed_chief(tmp_path, tmp_path_factory, scripts_dir, 
         assert r["steps"] == STEPS, logs
         assert r["accuracy"] >= baseline - 0.02, (r, baseline, logs)
     assert "already held values" in logs["worker:0"]  # the new chief joined; it did not initialise the PS again
+
+
+def test_a_job_goes_on_without_a_killed_worker(tmp_path, tmp_path_factory, scripts_dir):
+    """Async: worker 1 is SIGKILLed mid-fit; under ``launch.on_worker_failure: auto`` the chief trains to the end."""
+    def kill_worker1(cluster, out):
+        _wait_for_file(cluster, str(out / "paused"), 240)  # worker 1 waits before its PAUSE_AT-th step
+        cluster.kill("worker:1")
+
+    results, _, restarts, logs, cluster = _run(
+        tmp_path, scripts_dir, "async", JobConfig(name="durable"), fault=kill_worker1, workers=(0,),
+        extra=["--pause-at", str(PAUSE_AT), "--pause-worker", "1"])
+    assert restarts == {}
+    assert [str(t) for t in cluster.job.failed_workers] == ["worker:1"]
+    assert not os.path.exists(tmp_path / "out" / "worker-1.json")
+    chief = results[0]
+    assert chief["steps"] == STEPS and chief["recoveries"] == 0, logs
+    baseline = _baseline(tmp_path_factory, scripts_dir, "async")
+    done_by_1 = int(chief["ps_status"][0]["worker_batches"]["1"])
+    assert PAUSE_AT - 2 <= done_by_1 <= PAUSE_AT - 1  # its last update may have been in flight
+    print(f"async: accuracy {chief['accuracy']:.4f} with worker 1 killed, {baseline:.4f} without; worker 1 "
+          f"trained {done_by_1} of its {STEPS} batches: {STEPS - done_by_1} lost (not taken over)")
+    assert chief["accuracy"] >= baseline - 0.02, (chief, baseline, logs)
+
+
+HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S = 1.0, 3.0
+
+
+@pytest.mark.parametrize("mode", ["bsp", "sync_replicas"])
+def test_a_stopped_worker_rejoins(tmp_path, tmp_path_factory, scripts_dir, mode):
+    """Worker 1 is SIGSTOPped past the heart-beat timeout: the chief goes on without it; SIGCONT, it rejoins.
+
+    SyncReplicas aggregates M=2 of the 2 workers here, so that the chief
+    waits for worker 1 until the PS no longer counts it live (with M=1 it
+    would never wait, and could finish before the stop is noticed).
+    """
+    config = JobConfig(name="durable")
+    config.ps.heartbeat_interval_s, config.ps.heartbeat_timeout_s = HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S
+    seen = {}
+
+    def stop_worker1(cluster, out):
+        _wait_for_file(cluster, str(out / "paused"), 240)  # worker 1 waits before its PAUSE_AT-th step
+        worker1 = cluster.process("worker:1")
+        worker1.signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        (out / "resume").touch()  # read when it runs again
+        try:
+            deadline = stopped + HEARTBEAT_TIMEOUT_S + 30
+            while 1 in _status(cluster, 0)["live_workers"]:  # the PS gives up on it after the heart-beat timeout
+                assert time.monotonic() < deadline, "worker 1 still live on ps:0 30 s after the heart-beat timeout"
+                time.sleep(0.1)
+            seen["dead_after_s"] = time.monotonic() - stopped
+            first = _status(cluster, 0)
+            seen["step_when_dead"] = first["global_step"]
+            deadline = time.monotonic() + 60
+            while _status(cluster, 0)["global_step"] < first["global_step"] + 10:  # the chief trains without it
+                assert cluster.process("worker:0").poll() is None, cluster.log("worker:0")[-3000:]
+                assert time.monotonic() < deadline, "the chief made no progress without the stopped worker"
+                time.sleep(0.1)
+            last = _status(cluster, 0)
+            seen["steps_without_it"] = last["global_step"] - first["global_step"]
+            seen["batches_of_1"] = last["worker_batches"].get("1")
+        finally:
+            seen["stopped_s"] = time.monotonic() - stopped
+            worker1.signal(signal.SIGCONT)
+
+    m = 2 if mode == "sync_replicas" else 1
+    results, _, restarts, logs, _ = _run(tmp_path, scripts_dir, mode, config, fault=stop_worker1, m=m,
+                                         extra=["--pause-at", str(PAUSE_AT), "--pause-worker", "1"])
+    assert restarts == {}
+    # its last heart-beat came at most one interval before the stop
+    assert seen["stopped_s"] > HEARTBEAT_TIMEOUT_S, seen
+    assert seen["dead_after_s"] >= HEARTBEAT_TIMEOUT_S - HEARTBEAT_INTERVAL_S - 0.2, seen
+    baseline = _baseline(tmp_path_factory, scripts_dir, mode, m)
+    print(f"{mode}: accuracy {results[0]['accuracy']:.4f} with worker 1 stopped for {seen['stopped_s']:.1f} s "
+          f"(not live after {seen['dead_after_s']:.1f} s), {baseline:.4f} without; the chief made "
+          f"{seen['steps_without_it']} global steps without it; worker 1 had sent {seen['batches_of_1']} batches")
+    for r in results:
+        assert r["steps"] == STEPS, logs  # every worker finishes fit, the stopped one too
+        assert r["accuracy"] >= baseline - 0.02, (r, baseline, logs)
+    status = results[1]["ps_status"][0]
+    assert status["joins"] >= 1, status  # worker 1 came back as a joiner
+    assert int(status["worker_batches"]["1"]) == STEPS
+
+
+_TMP = re.compile(r"^ckpt-(\d{12})\.(data|json)\.tmp-[0-9a-f]{8}$")
+_MANIFEST = re.compile(r"^ckpt-(\d{12})\.json$")
+
+
+def _checkpoint_files(directory):
+    """(steps with a manifest, steps with a temporary file being written) in one shard directory."""
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    complete = sorted(int(m.group(1)) for m in map(_MANIFEST.match, names) if m)
+    torn = sorted(int(m.group(1)) for m in map(_TMP.match, names) if m)
+    return complete, torn
+
+
+def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_path, tmp_path_factory, scripts_dir):
+    """Async: SIGKILL ps:1 in the middle of a checkpoint write (a 16 MiB shard); it restores the one before.
+
+    The test polls ps:1's checkpoint directory; when a temporary file
+    appears (after one complete checkpoint), it SIGSTOPs ps:1 at once and
+    looks again: if the write is still unfinished it SIGKILLs ps:1 there
+    (a torn write), else it lets ps:1 go on and waits for the next write.
+    """
+    config = JobConfig(name="durable")
+    ckpt = tmp_path / "ckpt"
+    config.ps.checkpoint_dir, config.ps.checkpoint_every_steps, config.ps.checkpoint_every_s = str(ckpt), EVERY, None
+    shard_dir = str(ckpt / "ps-1")
+
+    def kill_ps1_while_writing(cluster, out):
+        ps1 = cluster.process("ps:1")
+        deadline, tries = time.monotonic() + 180, 0
+        while True:
+            assert time.monotonic() < deadline, f"no checkpoint write of ps:1 caught in 180 s ({tries} tries)"
+            assert ps1.poll() is None and cluster.process("worker:0").poll() is None, cluster.log("worker:0")[-3000:]
+            complete, torn = _checkpoint_files(shard_dir)
+            if complete and torn and max(torn) > max(complete):
+                tries += 1
+                ps1.signal(signal.SIGSTOP)  # frozen: the directory stays as it is while we look
+                complete, torn = _checkpoint_files(shard_dir)
+                if torn and max(torn) not in complete:
+                    cluster.kill("ps:1")  # the write of step max(torn) is torn
+                    return {"complete": complete, "torn": max(torn), "tries": tries}
+                ps1.signal(signal.SIGCONT)  # it finished in the meantime: catch the next one
+            time.sleep(0.002)
+
+    results, killed, restarts, logs, _ = _run(tmp_path, scripts_dir, "async", config, fault=kill_ps1_while_writing,
+                                              extra=["--ballast-mb", "16"])
+    assert restarts == {"ps:1": 1}, logs
+    previous = max(killed["complete"])
+    assert previous < killed["torn"]
+    for r in results:
+        assert r["steps"] == STEPS, logs
+        assert r["recoveries"] >= 1, logs
+    after = results[0]["ps_status"][1]
+    assert after["bytes"] >= 16 * 2 ** 20  # the ballast is on ps:1
+    assert after["restored_from"] == previous, (after, killed)  # the previous complete checkpoint, not the torn one
+    assert f"restarted from the checkpoint of step {previous}" in logs["ps:1"]
+    baseline = _baseline(tmp_path_factory, scripts_dir, "async")
+    print(f"async: ps:1 killed while writing the checkpoint of step {killed['torn']} (caught on try "
+          f"{killed['tries']}); restored step {previous}: at least {killed['torn'] - previous} applied batches lost "
+          f"on it; accuracy {results[0]['accuracy']:.4f}, {baseline:.4f} without the fault")
+    assert results[0]["accuracy"] >= baseline - 0.02, (results[0], baseline, logs)

@@ -3,12 +3,15 @@
 Usage: durability_worker.py --out DIR --mode async|ssp|bsp|sync_replicas [--m M] [--steps N]
        [--pause-at K]   the chief, before its K-th step, writes ``paused`` and waits (bounded) for the
                         test to write ``resume`` (the test kills a PS task meanwhile)
+       [--pause-worker W]  the worker that pauses (default 0, the chief; the test kills or stops it)
+       [--ballast-mb MB]   an unused non-trainable variable of MB MiB, placed on ps:1 (round robin: it
+                        is the model's second variable), so that a checkpoint of ps:1 takes a while to write
        [--crash-chief-at K]  the chief SIGKILLs itself after its K-th step (only the first time: the
                         launcher restarts it and the new process trains to the end)
 
-Writes ``worker-<id>.json``: steps done, the final test accuracy of this
-worker's model (after a pull), the session's recovery count and the PS status
-after fit.
+Writes ``worker-<id>.json``: steps done, the wall-clock time at the end of
+every step, the final test accuracy of this worker's model (after a pull),
+the session's recovery count and the PS status after fit.
 """
 
 import argparse
@@ -30,6 +33,7 @@ class Pause(keras.callbacks.Callback):
     def __init__(self, out, at, crash_at=None):
         super().__init__()
         self.out, self.at, self.crash_at, self.steps = out, at, crash_at, 0
+        self.step_ends: list[float] = []  # time.time() at the end of every step (recovery benchmark)
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.at is not None and batch + 1 == self.at:
@@ -42,11 +46,27 @@ class Pause(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
+        self.step_ends.append(time.time())
         marker = os.path.join(self.out, "crashed")
         if self.crash_at is not None and batch + 1 == self.crash_at and not os.path.exists(marker):
             open(marker, "w").close()  # the restarted process runs to the end
             print(f"killing myself after step {batch + 1}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Ballast(keras.layers.Layer):
+    """Passes its input through; holds a tiny variable (on ps:0) and a big unused one (on ps:1)."""
+
+    def __init__(self, floats, **kwargs):
+        super().__init__(**kwargs)
+        self.floats = floats
+
+    def build(self, input_shape):
+        self.tiny = self.add_weight(shape=(1,), initializer="zeros", trainable=False, name="tiny")
+        self.big = self.add_weight(shape=(self.floats,), initializer="ones", trainable=False, name="big")
+
+    def call(self, x):
+        return x
 
 
 def main():
@@ -57,6 +77,8 @@ def main():
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--pause-at", type=int)
     p.add_argument("--crash-chief-at", type=int, help="the chief SIGKILLs itself after this step (once)")
+    p.add_argument("--pause-worker", type=int, default=0, help="the worker that pauses at --pause-at")
+    p.add_argument("--ballast-mb", type=float, default=0.0, help="an unused variable of this size on ps:1")
     args = p.parse_args()
 
     if args.mode == "bsp":
@@ -73,11 +95,13 @@ def main():
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512, seed=me).repeat().batch(32)
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+        ballast = [Ballast(int(args.ballast_mb * 2 ** 20) // 4)] if args.ballast_mb else []
+        model = keras.Sequential([keras.Input((64,)), *ballast, keras.layers.Dense(32, activation="relu"),
                                   keras.layers.Dense(10, activation="softmax")])
         model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
-    pause = Pause(args.out, args.pause_at if me == 0 else None, args.crash_chief_at if me == 0 else None)
+    pause = Pause(args.out, args.pause_at if me == args.pause_worker else None,
+                  args.crash_chief_at if me == 0 else None)
     model.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=2,
               callbacks=[pause, tfdist.callbacks.LeaveOnTrainEnd()])
     strategy.pull()
@@ -86,10 +110,12 @@ def main():
     result = {
         "worker_id": me,
         "steps": pause.steps,
+        "step_ends": pause.step_ends,
         "accuracy": float(accuracy),
         "recoveries": runtime.session.stats["recoveries"],
         "ps_status": [{k: st.get(k) for k in ("incarnation", "restored_from", "progress", "global_step",
-                                              "state_step", "checkpoint")} for st in strategy.ps_status()],
+                                              "state_step", "checkpoint", "joins", "worker_batches", "bytes")}
+                      for st in strategy.ps_status()],
     }
     path = os.path.join(args.out, f"worker-{me}.json")
     with open(path + ".tmp", "w") as f:
