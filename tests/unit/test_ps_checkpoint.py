@@ -274,3 +274,23 @@ def test_a_restarted_synchronous_job_rolls_every_task_back_to_the_newest_common_
     finally:
         for s in again:
             s.stop(0, final_checkpoint=False)
+
+
+def test_a_server_removes_temporary_files_of_an_interrupted_write(tmp_path):
+    d = tmp_path / "ckpt"
+    _, meta, arrays = store_with(AsyncPolicy(), num_workers=1).checkpoint_state()
+    ckpt.write_shard(str(d), 0, 1, 4, meta, arrays)
+    torn = d / "ps-0" / "ckpt-000000000008.data.tmp-0badc0de"
+    torn.write_bytes(b"half a checkpoint")
+    server = PSServer(num_workers=1, checkpoint_dir=str(d), tune_malloc=False).start()
+    try:
+        assert not torn.exists()
+        assert ckpt.list_steps(str(d), 0) == [4]
+    finally:
+        server.stop(0, final_checkpoint=False)
+
+
+def test_a_checkpoint_that_is_not_a_shard_is_refused_clearly():
+    with pytest.raises(RequestError, match="Not a checkpoint of a parameter-server shard") as e:
+        ParameterStore(None, num_workers=1).restore({"hello": 1}, {})
+    assert e.value.grpc_code == "DATA_LOSS"

@@ -428,6 +428,8 @@ class LocalJob:
         elif task.job in TRAINING_JOBS and cluster.worker_id(task.job, task.index) == 0:
             if not (launch.restart_chief and cluster.ps and not self.config.elastic.enabled):
                 return False
+            if self._said_done(0):  # it finished its work and failed on the way out (e.g. the exit watchdog)
+                return False
             what = "it runs the script again and joins the running job with the parameter servers' values"
         else:
             return False
@@ -440,6 +442,19 @@ class LocalJob:
                        done + 1, launch.max_restarts, what)
         self.start_task(task)
         return True
+
+    def _said_done(self, worker: int) -> bool:
+        """Whether a PS task reports ``worker`` done (it ended its training); False when none answers."""
+        try:
+            from tfdist.ps.client import PSClient
+
+            with PSClient(self.config.cluster.ps[:1], self.token, rpc_timeout_s=2.0,
+                          max_message_bytes=self.config.ps.max_message_bytes,
+                          tls_ca=self.config.security.tls_ca, tune_malloc=False) as client:
+                meta, _ = client.call(0, "Status", {"brief": True}, timeout=2.0)
+            return worker in meta.get("done_workers", ())
+        except (TfdistError, OSError):
+            return False
 
     def _worker_failure_decision(self, task: TaskSpec) -> FailureDecision:
         cluster = self.config.cluster

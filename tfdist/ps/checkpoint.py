@@ -329,6 +329,16 @@ class ShardCheckpointer:
             self.last_step, self.last_path = ckpt.step, ckpt.path
         return ckpt.step
 
+    def remove_stale_temporaries(self) -> list[str]:
+        """Deletes temporary files a write killed part-way left in this task's folder (at start: none is ours)."""
+        directory = shard_dir(self.directory, self.ps)
+        stale = [name for name in _listdir(directory) if ".tmp-" in name]
+        for name in stale:
+            _remove(_join(directory, name))
+        if stale:
+            logger.info("ps:%d: removed %d temporary file(s) of an interrupted checkpoint write", self.ps, len(stale))
+        return stale
+
     def discard_after(self, step: int) -> None:
         """Deletes this task's checkpoints of steps after ``step``: the job rolled back, they are of another past.
 
@@ -344,6 +354,7 @@ class ShardCheckpointer:
 
     # ------------------------------------------------------------------ running
     def start(self) -> "ShardCheckpointer":
+        self.remove_stale_temporaries()
         self._writer.start()
         if self.every_s:
             self._timer.start()

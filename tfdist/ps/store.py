@@ -1080,7 +1080,14 @@ class ParameterStore:
                 shape, another job's worker count or variables); nothing is
                 changed then.
         """
-        specs = [VariableSpec.from_dict(d) for d in meta["specs"]]
+        try:
+            if meta.get("kind") != "tfdist-ps-shard":
+                raise ValueError(f"kind {meta.get('kind')!r}")
+            specs = [VariableSpec.from_dict(d) for d in meta["specs"]]
+            int(meta["version"]), int(meta["state_step"]), int(meta["initialized_by"]), meta["policy"]
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise StoreError(f"Not a checkpoint of a parameter-server shard ({short(str(e))}).",
+                             grpc_code="DATA_LOSS") from None
         num_workers = meta.get("num_workers")
         with self._cond:
             if self.initialized and not replace:
