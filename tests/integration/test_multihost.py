@@ -103,3 +103,110 @@ def test_ps_job_started_from_tf_config_by_hand(tmp_path):
             net.run(host, task, argv, env=_env(TF_CONFIG=tf_config))
         _wait_job(net, ["chief:0", "worker:0"], ["ps:0", "ps:1", "evaluator:0"])
         _check_ps_job_logs(net)
+
+
+def _results(out, n):
+    return [json.load(open(os.path.join(out, f"worker-{i}.json"))) for i in range(n)]
+
+
+def _events(result, detector="dynamic_threshold"):
+    return [(e["kind"], e["worker"], e["step"]) for e in result["straggler_history"]["events"]
+            if e["detector"] == detector]
+
+
+def _start_tf_config_job(net, hosts, script, args):
+    """Every task with its own TF_CONFIG: PS tasks ``python -m tfdist.ps``, training tasks ``script args``."""
+    cluster = _cluster_spec(net, hosts)
+    for task, host in hosts.items():
+        job, index = task.split(":")
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": job, "index": int(index)}})
+        argv = ([sys.executable, "-m", "tfdist.ps"] if job == "ps"
+                else [sys.executable, os.path.join(SCRIPTS, script), *args])
+        net.run(host, task, argv, env=_env(TF_CONFIG=tf_config))
+
+
+def test_all_reduce_with_straggler_detection_across_hosts(tmp_path):
+    """AllReduceStrategy + StragglerDetector on 3 hosts: TF collectives between the hosts' addresses; worker 2
+    computes 3x slower (emulated) in the first of 2 epochs: it is left out, and re-admitted at the next epoch
+    start, where it is fast again; every worker
+    reaches the same verdicts, and the members of every step hold bit-identical training state."""
+    hosts = {f"worker:{i}": f"w{i}" for i in range(3)}
+    out = tmp_path / "out"
+    out.mkdir()
+    steps = 20
+    with NetnsCluster(list(hosts.values()), log_dir=str(tmp_path / "logs")) as net:
+        _start_tf_config_job(net, hosts, "allreduce_worker.py",
+                             ["--out", str(out), "--epochs", "2", "--steps", str(steps), "--base", "0.03",
+                              "--factor", "3", "--slow-worker", "2", "--slow-until", str(steps),
+                              "--limit", "3", "--timeout", "30"])
+        _wait_job(net, list(hosts), [])
+    results = _results(out, 3)
+    for r in results:  # the update is the mean gradient of the members, computed over the hosts' links
+        full = r["mean"]["checks"][0]
+        assert full["members"] == [0, 1, 2] and full["max_abs_error"] < 1e-5 < full["max_abs_update"], full
+    events = [_events(r) for r in results]
+    assert events[0] == events[1] == events[2], events
+    assert {w for _, w, _ in events[0]} == {2}, events
+    assert [k for k, _, _ in events[0]] == ["detected", "recovered"], events
+    assert events[0][0][2] < steps <= events[0][1][2] <= steps + 3, events  # recovered in the next profiling
+    assert all(r["straggler_history"]["participation"] == results[0]["straggler_history"]["participation"]
+               for r in results)
+    members = [tuple(s["members"]) for s in results[0]["steps"]]
+    assert (0, 1) in members and members[-1] == (0, 1, 2), members  # left out, then re-admitted
+    for t, m in enumerate(members):
+        assert len({results[w]["steps"][t]["hash"] for w in m}) == 1, (t, m)
+    loss = results[0]["keras_history"]["loss"]
+    assert loss[-1] < loss[0], loss
+
+
+def test_a_host_behind_a_10_mbit_link_is_detected_as_a_straggler(tmp_path):
+    """Asynchronous PS training on 3 worker hosts and a PS host; worker 2's link is capped to 10 Mbit/s (tbf)
+    in both directions. Every step a worker pushes and pulls ~180 KB (a 4096-unit layer): ~0.3 s on the
+    capped link, a few ms on the others. No compute is slowed: the detector sees the link."""
+    hosts = {"ps:0": "ps0", "worker:0": "w0", "worker:1": "w1", "worker:2": "w2"}
+    out = tmp_path / "out"
+    out.mkdir()
+    with NetnsCluster(list(hosts.values()), log_dir=str(tmp_path / "logs")) as net:
+        net.cap("w2", rate="10mbit")
+        _start_tf_config_job(net, hosts, "straggler_worker.py",
+                             ["--out", str(out), "--strategy", "ps", "--width", "4096", "--epochs", "2",
+                              "--steps", "15", "--limit", "3"])
+        _wait_job(net, ["worker:0", "worker:1", "worker:2"], ["ps:0"])
+    results = _results(out, 3)
+    events = [_events(r) for r in results]
+    assert events[0] == events[1] == events[2], events
+    detected = [(w, step) for kind, w, step in events[0] if kind == "detected"]
+    assert detected and {w for w, _ in detected} == {2}, events
+    assert detected[0][1] < 15, events  # within the first epoch
+    # it is the link: worker 2 spent far longer exchanging with the PS than the others
+    seconds = [r["sync_stats"]["sync_seconds"] for r in results]
+    assert seconds[2] > 10 * max(seconds[:2]), seconds
+
+
+def test_sync_replicas_with_a_slowed_host_completes(tmp_path):
+    """SyncReplicas (M=2 of 3 workers) from one config with ``--task`` per host; ``launch.slowdown`` makes
+    worker 2 3x slower. The job ends by itself, the slow worker's late gradients are dropped, and after
+    ``strategy.pull()`` every worker holds the same model."""
+    hosts = {"ps:0": "ps0", "worker:0": "w0", "worker:1": "w1", "worker:2": "w2"}
+    out = tmp_path / "out"
+    out.mkdir()
+    with NetnsCluster(list(hosts.values()), log_dir=str(tmp_path / "logs")) as net:
+        config = tmp_path / "sync.yaml"
+        config.write_text(json.dumps({
+            "name": "multi-host-sync", "cluster": _cluster_spec(net, hosts),
+            "strategy": {"consistency": "sync_replicas", "replicas_to_aggregate": 2},
+            "ps": {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 5},
+            "launch": {"slowdown": {"worker:2": {"factor": 3.0, "delay_s": 0.02}}},
+        }))
+        args = ["--out", str(out), "--mode", "sync_replicas", "--m", "2", "--epochs", "3", "--record",
+                "--pull-after"]
+        for task, host in hosts.items():
+            script = [] if task.startswith("ps:") else [os.path.join(SCRIPTS, "consistency_worker.py"), *args]
+            net.run(host, task, [sys.executable, "-m", "tfdist.launch", "--config", str(config), "--task", task,
+                                 *script], env=_env())
+        _wait_job(net, ["worker:0", "worker:1", "worker:2"], ["ps:0"])
+    results = _results(out, 3)
+    assert all(r["num_replicas_in_sync"] == 2 for r in results)
+    assert results[2]["sync_stats"]["dropped"] > 0, results[2]["sync_stats"]
+    after = [r["after_pull"] for r in results]
+    assert len({a["hash"] for a in after}) == 1 and len({a["global_step"] for a in after}) == 1, after
