@@ -14,6 +14,8 @@ scripts write, never on sleeps.
 
 import json
 import os
+import re
+import subprocess
 import sys
 
 import pytest
@@ -23,7 +25,7 @@ from tfdist.testing import NetnsCluster
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "integration", "scripts")
 EXAMPLE = os.path.join(ROOT, "examples", "train_digits.py")
-EXAMPLE_ARGS = ["--dataset", "digits", "--epochs", "3", "--eval-interval", "0.5"]
+EXAMPLE_ARGS = ["--dataset", "digits", "--epochs", "2", "--eval-interval", "0.5"]
 TOKEN = "multihost-test-token"
 PORT = 2222  # every host has its own address, so every task can use the same port
 
@@ -75,6 +77,46 @@ def _check_ps_job_logs(net):
     evaluator = net.log("evaluator:0")
     assert any(line.startswith("evaluator: PS version") for line in evaluator.splitlines()), evaluator[-3000:]
     assert "evaluator: training is over after" in evaluator
+
+
+def _root_links():
+    """Links of the root namespace named as a NetnsCluster names its links (bridge, ports, host ends)."""
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10).stdout
+    names = {line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line}
+    return {n for n in names if n == "br0" or re.fullmatch(r"p\d+|eth\d+", n)}
+
+
+def test_netns_cluster_connects_its_hosts_and_removes_everything_when_the_test_fails(tmp_path):
+    """The helper itself: hosts reach each other by address (loopback up too), the root namespace gets no
+    link, two instances never share a name, and an exception inside the block still kills every task and
+    deletes every namespace."""
+    root_before = _root_links()
+    client = ("import socket, sys\n"
+              "s = socket.create_server(('0.0.0.0', 5001)); c = socket.create_connection(('127.0.0.1', 5001))\n"
+              "print('loopback ok', flush=True)\n"
+              "peer = socket.create_connection((sys.argv[1], 5000), timeout=10); print('peer ok', flush=True)\n"
+              "assert peer.recv(16) == b'hello'\n")
+    server = ("import socket, time\n"
+              "s = socket.create_server(('0.0.0.0', 5000)); print('listening', flush=True)\n"
+              "c, _ = s.accept(); c.sendall(b'hello'); print('accepted', flush=True); time.sleep(600)\n")
+    with pytest.raises(RuntimeError, match="the test failed"):
+        with NetnsCluster(["a", "b"], log_dir=str(tmp_path / "logs")) as net, NetnsCluster(["a"]) as other:
+            assert other.id != net.id and not set(other.namespaces()) & set(net.namespaces())
+            assert net.address("a") == "10.77.0.1" and net.address("b") == "10.77.0.2"
+            assert _root_links() == root_before
+            names = net.namespaces()
+            server_task = net.run("b", "server", [sys.executable, "-c", server])
+            net.wait_for_output("server", "listening", 30)
+            net.run("a", "client", [sys.executable, "-c", client, net.address("b")])
+            assert net.wait(["client"], 30) == {"client": 0}, net.describe()
+            assert "loopback ok" in net.log("client") and "peer ok" in net.log("client")
+            net.wait_for_output("server", "accepted", 10)
+            assert server_task.running  # sleeps on: the teardown must kill it
+            raise RuntimeError("the test failed")
+    assert not server_task.running
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    assert not any(name in listed for name in names), listed
+    assert _root_links() == root_before
 
 
 def test_ps_job_started_one_task_per_host_with_the_launcher(tmp_path):
@@ -198,7 +240,7 @@ def test_sync_replicas_with_a_slowed_host_completes(tmp_path):
             "ps": {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 5},
             "launch": {"slowdown": {"worker:2": {"factor": 3.0, "delay_s": 0.02}}},
         }))
-        args = ["--out", str(out), "--mode", "sync_replicas", "--m", "2", "--epochs", "3", "--record",
+        args = ["--out", str(out), "--mode", "sync_replicas", "--m", "2", "--epochs", "2", "--record",
                 "--pull-after"]
         for task, host in hosts.items():
             script = [] if task.startswith("ps:") else [os.path.join(SCRIPTS, "consistency_worker.py"), *args]

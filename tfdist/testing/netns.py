@@ -270,6 +270,10 @@ class NetnsCluster:
         _run([_ip_binary(), "netns", "add", name])
         self._created.append(name)
 
+    def namespaces(self) -> list[str]:
+        """Names of this cluster's namespaces (the hosts', then the bridge's)."""
+        return [h.namespace for h in self.hosts.values()] + [self.bridge_namespace]
+
     def host(self, name: str) -> Host:
         """The host called ``name``."""
         try:
@@ -359,6 +363,21 @@ class NetnsCluster:
         """
         deadline = time.monotonic() + timeout
         return {t: self.tasks[t].wait(max(deadline - time.monotonic(), 0.01)) for t in tasks}
+
+    def wait_for_output(self, task: str, text: str, timeout: float) -> None:
+        """Waits, at most ``timeout`` seconds, until ``task`` has written ``text``.
+
+        Raises:
+            LaunchError: the task exited, or the time ran out, before it did (naming the task and its last lines).
+        """
+        proc = self.tasks[task]
+        deadline = time.monotonic() + timeout
+        while text not in self.log(task):
+            if not proc.running and text not in self.log(task):
+                raise LaunchError(f"{proc.describe_exit()} before writing {text!r}:\n{self.describe([task])}")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"{task} did not write {text!r} within {timeout} s:\n{self.describe([task])}")
+            time.sleep(0.02)
 
     def describe(self, tasks: Sequence[str] | None = None, lines: int = 15) -> str:
         """Exit status and last output lines of ``tasks`` (default: all), for assertion messages."""
