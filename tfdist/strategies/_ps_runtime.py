@@ -188,6 +188,10 @@ class PSRuntime:
         self._left = False
         #: Seconds the current/last training step spent blocked on the PS (waits, transfers).
         self.step_wait_s = 0.0
+        #: Whether time blocked on the PS may be time spent waiting for other workers (barriers, staleness
+        #: bounds) and so counts in ``step_wait_s``. Under ASP nothing waits for anyone: the time is this
+        #: worker's own exchange (a slow link makes it slow), which a straggler detector must see.
+        self.blocked_time_waits_for_peers = True
         # Elastic join: train this many batches locally (build, trace, warm caches) before joining the job.
         # The engine sets the variable for the workers it starts; a worker started by hand (--task) into
         # an elastic job's spare slot warms up as the config says.
@@ -395,7 +399,10 @@ class PSRuntime:
 
     @contextlib.contextmanager
     def _blocked(self):
-        """Adds the duration of the block to ``step_wait_s``."""
+        """Adds the duration of the block to ``step_wait_s`` (if it may be a wait for peers)."""
+        if not self.blocked_time_waits_for_peers:
+            yield
+            return
         start = time.perf_counter()
         try:
             yield
@@ -557,6 +564,7 @@ class UpdatePathRuntime(PSRuntime):
         self.overlap = asp and config.strategy.overlap_exchange
         #: ASP: exchange after every k-th step; the steps in between stay local (``strategy.exchange_every``).
         self.exchange_every = config.strategy.exchange_every if asp else 1
+        self.blocked_time_waits_for_peers = not asp
         self._unsent_steps = 0
         self._send: Callable[[dict, float | None, int], None] = (
             self._send_overlapped if self.overlap else self._send_blocking)

@@ -304,11 +304,15 @@ class ParameterServerStrategy(StrategyBase):
 
     @property
     def last_step_wait_seconds(self) -> float:
-        """Seconds the last training step spent blocked on the parameter servers.
+        """Seconds the last training step spent blocked on the parameter servers, waiting for other workers.
 
-        Waiting for other workers and moving data; a straggler detector
-        subtracts it from the step's wall time to get this worker's own
-        compute time (in sync modes every worker waits for the slowest).
+        A straggler detector subtracts it from the step's wall time to get
+        this worker's own time (in sync modes every worker waits for the
+        slowest). In BSP, SyncReplicas, SSP and DTSSP it is all the time the
+        step was blocked on the PS (waits and the transfers they cannot be told
+        apart from); under ASP, where nothing waits for another worker, it is
+        0: the exchange is this worker's own work, so a worker behind a slow
+        link is seen as a straggler.
         """
         return self._runtime.step_wait_s
 

@@ -1,4 +1,4 @@
-"""Local clusters for tests and experiments: start, kill, restart tasks; inject slowdowns.
+"""Local clusters for tests and experiments: start, kill, restart tasks; emulate hosts; inject slowdowns.
 
 Example:
 
@@ -12,7 +12,8 @@ with LocalCluster(workers=2, ps=2) as cluster:
 ```
 
 Every wait is bounded and every child is killed when the block exits, even
-when the test fails.
+when the test fails. :class:`NetnsCluster` runs tasks on emulated hosts
+(Linux network namespaces on a bridge, optionally rate-limited links; root only).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from typing import Sequence
 from tfdist.cluster.local import LocalJob
 from tfdist.config import ClusterConfig, JobConfig, TaskSpec, parse_task
 from tfdist.ps.client import PSClient
+from tfdist.testing.netns import Host, NetnsCluster
 
-__all__ = ["LocalCluster", "Slowdown", "SlowdownCallback", "ENV_SLOWDOWN", "slowdown_env"]
+__all__ = ["LocalCluster", "NetnsCluster", "Host", "Slowdown", "SlowdownCallback", "ENV_SLOWDOWN", "slowdown_env"]
 
 
 def __getattr__(name):  # the Keras callback imports keras; load it only when asked

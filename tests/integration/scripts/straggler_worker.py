@@ -7,7 +7,7 @@ slow-down, and writes ``worker-<id>.json``.
 
 Usage: straggler_worker.py --out DIR [--epochs N] [--steps N] [--base-sleep S]
        [--delay S --slow-worker W --slow-from STEP --slow-until STEP]
-       [--timeout S] [--strategy none|ps] [--on-failure report|raise]
+       [--timeout S] [--strategy none|ps] [--on-failure report|raise] [--width N]
 """
 
 import argparse
@@ -39,6 +39,7 @@ def parse():
     p.add_argument("--strategy", default="none", choices=["none", "ps"])
     p.add_argument("--on-failure", default="report")
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--width", type=int, default=16, help="hidden units (a wide layer makes every exchange big)")
     return p.parse_args(namespace=_Args())
 
 
@@ -85,7 +86,7 @@ def main():
     x = rng.normal(size=(args.steps * 16, 8)).astype("float32")
     y = (x[:, 0] + x[:, 1] > 0).astype("int32")
     with scope:
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(args.width, activation="relu"),
                                   keras.layers.Dense(2, activation="softmax")])
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     detected_hooks = []
