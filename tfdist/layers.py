@@ -165,6 +165,38 @@ class ShardedEmbedding(keras.layers.Layer):
             return keras.ops.take(self.embeddings, inputs, axis=0)
         return _lookup(self._runtime, self._table_key, self.output_dim, inputs, self._anchor.value)
 
+    # ------------------------------------------------------------------ saving
+    def table_values(self, chunk_rows: int = 65536) -> np.ndarray:
+        """The whole table as one array (gathered from the PS tasks, ``chunk_rows`` rows per request)."""
+        if not self.resident:
+            return np.asarray(self.embeddings.numpy())
+        parts = [self._runtime.read_rows(self._table_key, np.arange(start, min(start + chunk_rows, self.input_dim),
+                                                                     dtype=np.int64))
+                 for start in range(0, self.input_dim, chunk_rows)]
+        return np.concatenate(parts, axis=0)
+
+    def save_own_variables(self, store):
+        """``model.save``/``save_weights``: the table as ``keras.layers.Embedding`` saves it (gathered from the PS).
+
+        A model saved from a job with PS-resident tables loads into plain
+        Keras (this layer outside a tfdist strategy is an ordinary
+        embedding) with the same predictions. The worker gathers the whole
+        table to write it: for tables larger than its memory, read the PS
+        checkpoints instead (``tfdist.checkpoint.read``).
+        """
+        store["0"] = self.table_values()
+
+    def load_own_variables(self, store):
+        if self.resident:
+            raise ConfigError(
+                f"ShardedEmbedding {self.name!r}: loading weights into a table on the parameter servers is not "
+                "supported; load them into the model outside the strategy, or resume a job from its PS "
+                "checkpoints (ps.checkpoint_dir).")
+        if len(store.keys()) != 1:
+            raise ValueError(f"ShardedEmbedding {self.name!r} expects 1 saved variable (the table); "
+                             f"the file has {len(store.keys())}.")
+        self.embeddings.assign(store["0"])
+
     def compute_mask(self, inputs, mask=None):
         if not self.mask_zero:
             return None

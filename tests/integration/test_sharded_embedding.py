@@ -118,3 +118,72 @@ def test_adam_moves_only_the_rows_a_batch_touches_and_learns():
         assert spec.optimizer["kind"] == "adam" and spec.optimizer["learning_rate"] == pytest.approx(0.05)
     finally:
         strategy.shutdown()
+
+
+def test_a_saved_model_loads_into_plain_keras_with_the_table_gathered_from_the_ps(tmp_path):
+    ids, y = _data()
+    keras.backend.clear_session()
+    strategy = tfdist.ParameterServerStrategy()
+    try:
+        with strategy.scope():
+            layer = tfdist.layers.ShardedEmbedding(VOCAB, DIM, seed=3)
+            model = _model(layer)
+            model.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy")
+        model.fit(ids, y, batch_size=BATCH, epochs=1, verbose=0)
+        strategy.pull()
+        expected = model.predict(ids[:64], verbose=0)
+        table = layer.table_values(chunk_rows=7)  # several requests
+        assert table.shape == (VOCAB, DIM)
+        placement = strategy.placement_table()
+        assert (layer._table_key, 0, "rows i with i % 1 == 0") in placement
+        [listing] = strategy.tables()
+        assert listing["rows"] == VOCAB and listing["rows_per_task"] == [VOCAB]
+        assert listing["optimizer"]["kind"] == "adagrad"
+        model.save(tmp_path / "m.keras")
+    finally:
+        strategy.shutdown()
+    keras.backend.clear_session()
+    loaded = keras.saving.load_model(tmp_path / "m.keras")  # plain Keras: no strategy, no PS
+    [plain_layer] = [lay for lay in loaded.layers if isinstance(lay, tfdist.layers.ShardedEmbedding)]
+    assert not plain_layer.resident
+    np.testing.assert_array_equal(plain_layer.embeddings.numpy(), table)
+    np.testing.assert_allclose(loaded.predict(ids[:64], verbose=0), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_bsp_over_two_workers_and_two_ps_equals_one_process_on_the_global_batch(tmp_path, scripts_dir):
+    """Sparse aggregation by row: the tables (split over 2 PS) and weights equal the single-process run."""
+    import json
+    import os
+    import sys
+
+    from tfdist.testing import LocalCluster
+
+    sys.path.insert(0, scripts_dir)
+    import sparse_worker as sw  # noqa: E402
+
+    steps, batch, vocab = 10, 8, 50
+    with LocalCluster(workers=2, ps=2, log_dir=str(tmp_path / "logs")) as cluster:
+        cluster.start(os.path.join(scripts_dir, "sparse_worker.py"),
+                      ["--out", str(tmp_path), "--mode", "bsp", "--steps", str(steps), "--batch", str(batch),
+                       "--vocab", str(vocab)])
+        cluster.wait(240)
+    results = [json.load(open(tmp_path / f"worker-{w}.json")) for w in (0, 1)]
+    keras.backend.clear_session()
+    ids, y = sw.data(steps, 2 * batch, vocab)
+
+    class Zeros(DenseGradientEmbedding):
+        def build(self, input_shape):
+            self.embeddings = self.add_weight(shape=(vocab, sw.DIM), initializer="zeros", name="embeddings")
+
+        def call(self, x):
+            return keras.ops.matmul(keras.ops.one_hot(x, vocab), self.embeddings)
+
+    reference = sw.build(Zeros())
+    reference.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy")
+    reference.fit(ids, y, batch_size=2 * batch, epochs=1, shuffle=False, verbose=0)
+    for r in results:
+        np.testing.assert_allclose(r["table"], reference.layers[1].embeddings.numpy(), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(r["kernel"], reference.layers[-1].kernel.numpy(), rtol=1e-4, atol=1e-6)
+    assert results[0]["predictions"] == results[1]["predictions"]
+    assert [t["rows"] for t in results[0]["ps_tables"][0].values()] == [25]  # rows 0, 2, ... on ps:0
+    assert results[0]["tables"][0]["rows_per_task"] == [25, 25]

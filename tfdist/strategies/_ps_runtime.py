@@ -277,6 +277,14 @@ class PSRuntime:
                                                  as_reader=as_reader))
             return session.lookup_rows(key, ids, as_reader=as_reader)
 
+    def read_rows(self, key: str, ids: np.ndarray) -> np.ndarray:
+        """Rows of table ``key`` outside a step (saving, inspection): read as an evaluator reads."""
+        return self.ensure_session().lookup_rows(key, ids, as_reader=True)
+
+    def table_specs(self) -> list[TableSpec]:
+        """The job's PS-resident tables (their row optimizers as the PS runs them, once the job started)."""
+        return list(self.session.tables.values()) if self.session is not None else self._table_specs()
+
     def push_rows(self, key: str, ids: np.ndarray, grads: np.ndarray) -> None:
         """The step's row gradients of table ``key`` (dropped, after recovering, if a PS task was lost)."""
         self._require_training_task()

@@ -257,9 +257,24 @@ class ParameterServerStrategy(StrategyBase):
         """The variable → PS task map (same on every worker of a job)."""
         return self._runtime.plan or self._runtime.make_plan()
 
-    def placement_table(self) -> list[tuple[str, int, tuple[int, int] | None]]:
-        """``[(variable key, PS task, rows or None), ...]`` in creation order."""
-        return self.placement().as_table()
+    def placement_table(self) -> list[tuple[str, int, tuple[int, int] | str | None]]:
+        """``[(variable key, PS task, rows or None), ...]`` in creation order.
+
+        A PS-resident table (``tfdist.layers.ShardedEmbedding``) follows, one
+        entry per PS task: ``(table key, task, "rows i with i % N == task")``.
+        """
+        n = len(self._runtime.config.cluster.ps)
+        tables = [(spec.key, ps, f"rows i with i % {n} == {ps}") for spec in self._runtime.table_specs()
+                  for ps in range(n)]
+        return self.placement().as_table() + tables
+
+    def tables(self) -> list[dict]:
+        """The PS-resident tables: key, rows, width, row optimizer, and the rows each PS task holds."""
+        from tfdist.ps.sparse import shard_rows
+
+        n = len(self._runtime.config.cluster.ps)
+        return [{**spec.to_dict(), "rows_per_task": [shard_rows(spec.rows, ps, n) for ps in range(n)]}
+                for spec in self._runtime.table_specs()]
 
     def pull(self) -> None:
         """Loads the job's freshest values into this worker's variables now.
