@@ -182,7 +182,10 @@ class ShardedEmbedding(keras.layers.Layer):
         Keras (this layer outside a tfdist strategy is an ordinary
         embedding) with the same predictions. The worker gathers the whole
         table to write it: for tables larger than its memory, read the PS
-        checkpoints instead (``tfdist.checkpoint.read``).
+        checkpoints instead (``tfdist.checkpoint.read``). Load such a file
+        with ``keras.saving.load_model(path, compile=False)`` and compile it
+        again to go on training: the optimizer state saved with it is the
+        job's (the table's own is on the PS), which does not fit a local table.
         """
         store["0"] = self.table_values()
 
