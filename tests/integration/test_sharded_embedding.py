@@ -189,3 +189,50 @@ def test_bsp_over_two_workers_and_two_ps_equals_one_process_on_the_global_batch(
     assert results[0]["predictions"] == results[1]["predictions"]
     assert [t["rows"] for t in results[0]["ps_tables"][0].values()] == [25]  # rows 0, 2, ... on ps:0
     assert results[0]["tables"][0]["rows_per_task"] == [25, 25]
+
+
+@pytest.mark.parametrize("mode", ["ssp", "bsp"])
+def test_tables_survive_a_killed_ps(tmp_path, scripts_dir, mode):
+    """2 workers, 2 PS with checkpoints; ps:1 is SIGKILLed mid-fit and restarted by the launcher.
+
+    Both workers recover and finish. SSP (update path): ps:1 restores its own
+    newest checkpoint, tables included. BSP (gradient path): the chief rolls
+    every task back to the step ps:1 restored (table rows exist only on the
+    PS, so a reset to the chief's state cannot bring them back), and every
+    worker ends with the same table.
+    """
+    import json
+    import os
+    import time
+
+    from tfdist.config import JobConfig
+    from tfdist.testing import LocalCluster
+
+    config = JobConfig(name="tables")
+    config.ps.checkpoint_dir = str(tmp_path / "ckpt")
+    config.ps.checkpoint_every_steps, config.ps.checkpoint_every_s = 4, None
+    out = tmp_path / "out"
+    out.mkdir()
+    with LocalCluster(workers=2, ps=2, config=config, log_dir=str(tmp_path / "logs")) as cluster:
+        cluster.start(os.path.join(scripts_dir, "sparse_worker.py"),
+                      ["--out", str(out), "--mode", mode, "--steps", "40", "--batch", "8", "--vocab", "50",
+                       "--pause-at", "20"])
+        deadline = time.monotonic() + 240
+        while not (out / "paused").exists():
+            assert time.monotonic() < deadline and cluster.process("worker:0").poll() is None, \
+                cluster.log("worker:0")[-3000:]
+            time.sleep(0.05)
+        cluster.kill("ps:1")
+        (out / "resume").touch()
+        cluster.wait(240)
+        assert cluster.job.restarts == {"ps:1": 1}
+        chief_log, ps_log = cluster.log("worker:0"), cluster.log("ps:1")
+    results = [json.load(open(out / f"worker-{w}.json")) for w in (0, 1)]
+    assert "restarted from the checkpoint of step" in ps_log
+    assert all(r["recoveries"] >= 1 for r in results), chief_log[-3000:]
+    assert all(np.isfinite(r["loss"]).all() for r in results)
+    assert [t["updates"] > 0 for t in results[0]["ps_tables"][1].values()] == [True]
+    if mode == "bsp":
+        assert "rolled every parameter server back to its checkpoint of step" in chief_log
+        np.testing.assert_array_equal(results[0]["table"], results[1]["table"])
+        assert results[0]["predictions"] == results[1]["predictions"]

@@ -287,6 +287,10 @@ class WorkerSession:
         empty = [ps for ps in restarted if not statuses[ps].get("initialized")]
         if empty:
             self._reinitialize(empty, local_values, deadline)
+            if self.tables and self.is_chief:
+                logger.warning("worker %d: ps:%s restarted without a checkpoint: its rows of the tables %s are lost "
+                               "and start again from their initial values (set ps.checkpoint_dir)", self.worker_id,
+                               empty, sorted(self.tables))
         self.incarnation = [None] * self.plan.num_ps  # learnt again from the pull's replies
         return self.pull(as_reader=as_reader)
 
@@ -861,11 +865,19 @@ class GradientSession(WorkerSession):
         if not restarted:  # the tasks are the ones this worker knew: catch up with the newest state
             step = max(st["state_step"] for st in statuses.values())
         elif self.is_chief and local_values is not None:
-            step = self.global_step
-            parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
-            self.client.request_many({ps: self._init_request(ps, parts[ps], step=step, reset=True) for ps in range(n)})
-            logger.warning("worker %d: reset every parameter server to this worker's state at step %d (ps:%s "
-                           "restarted)", self.worker_id, step, restarted)
+            # Table rows live only on the PS: roll every task back to the checkpoint the restarted ones restored
+            # (a consistent cut). Without tables, or without such a cut, reset to this worker's state.
+            step = self._roll_back_to_restored_step(statuses, restarted) if self.tables else None
+            if step is None:
+                step = self.global_step
+                parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
+                self.client.request_many({ps: self._init_request(ps, parts[ps], step=step, reset=True)
+                                          for ps in range(n)})
+                logger.warning("worker %d: reset every parameter server to this worker's state at step %d (ps:%s "
+                               "restarted)", self.worker_id, step, restarted)
+                if self.tables:
+                    logger.warning("worker %d: the table rows of ps:%s are those of its checkpoint (or initial ones "
+                                   "without a checkpoint); the other tasks' rows are newer", self.worker_id, restarted)
         else:
             step = self._wait_for_reset(set(range(n)), deadline)
         self.incarnation = [None] * n
@@ -873,6 +885,24 @@ class GradientSession(WorkerSession):
         self.known_global_step = self.global_step
         self._resync_at_end, self._write_state_on = False, []
         return values
+
+    def _roll_back_to_restored_step(self, statuses, restarted) -> int | None:
+        """The chief: every task back to the checkpoint step the restarted tasks restored; None if impossible."""
+        restored = [statuses[ps].get("restored_from") for ps in restarted]
+        if any(step is None for step in restored):
+            return None
+        target = min(restored)
+        others = [ps for ps in range(self.plan.num_ps) if statuses[ps].get("restored_from") != target
+                  or ps not in restarted]
+        try:
+            self.client.request_many({ps: RestoreRequest(self.worker_id, target) for ps in others})
+        except PSRejectedError as e:
+            logger.warning("worker %d: cannot roll every parameter server back to step %d (%s)", self.worker_id,
+                           target, e)
+            return None
+        logger.warning("worker %d: rolled every parameter server back to its checkpoint of step %d (ps:%s "
+                       "restarted); the job goes on from there", self.worker_id, target, restarted)
+        return target
 
     def _wait_for_reset(self, tasks: set[int], deadline: float) -> int:
         """A worker other than the chief: waits until every task left the incarnation it knew, at one step."""

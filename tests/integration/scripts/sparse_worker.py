@@ -1,6 +1,9 @@
 """Worker script for PS-resident table tests: a ShardedEmbedding model trained on fixed data, results to JSON.
 
-Usage: sparse_worker.py --out DIR --mode async|bsp [--steps N] [--batch B] [--vocab V]
+Usage: sparse_worker.py --out DIR --mode async|ssp|bsp [--steps N] [--batch B] [--vocab V] [--pause-at K]
+
+``--pause-at K``: the chief, before its K-th step, writes ``paused`` and waits
+(bounded) for the test to write ``resume`` (the test kills a PS task meanwhile).
 
 Each worker trains on its half of every global batch (worker w: rows
 ``w*B .. (w+1)*B`` of global batch ``2B``), with SGD and a zero-initialised
@@ -13,6 +16,7 @@ listing and placement, and the PS status' table counters.
 import argparse
 import json
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -42,12 +46,14 @@ def build(embedding):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--mode", required=True, choices=["async", "bsp"])
+    p.add_argument("--mode", required=True, choices=["async", "ssp", "bsp"])
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--vocab", type=int, default=50)
+    p.add_argument("--pause-at", type=int)
     args = p.parse_args()
-    strategy = tfdist.BSPStrategy() if args.mode == "bsp" else tfdist.ParameterServerStrategy()
+    strategy = {"bsp": tfdist.BSPStrategy, "ssp": lambda: tfdist.SSPStrategy(staleness=2),
+                "async": tfdist.ParameterServerStrategy}[args.mode]()
     me, n = strategy.worker_id, strategy.num_workers
     ids, y = data(args.steps, n * args.batch, args.vocab)
     mine = np.concatenate([np.arange(s * n * args.batch + me * args.batch, s * n * args.batch + (me + 1) * args.batch)
@@ -57,10 +63,22 @@ def main():
         layer = tfdist.layers.ShardedEmbedding(args.vocab, DIM, embeddings_initializer="zeros")
         model = build(layer)
         model.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy")
-    model.fit(ds, epochs=1, verbose=0, callbacks=[tfdist.callbacks.LeaveOnTrainEnd()])
+    class Pause(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if me == 0 and args.pause_at is not None and batch + 1 == args.pause_at:
+                open(os.path.join(args.out, "paused"), "w").close()
+                deadline = time.monotonic() + 120
+                while not os.path.exists(os.path.join(args.out, "resume")):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the test did not say resume within 120 s")
+                    time.sleep(0.02)
+
+    hist = model.fit(ds, epochs=1, verbose=0, callbacks=[Pause(), tfdist.callbacks.LeaveOnTrainEnd()])
     strategy.pull()
     result = {
         "worker_id": me,
+        "loss": [float(v) for v in hist.history["loss"]],
+        "recoveries": strategy.sync_stats.get("recoveries", 0),
         "kernel": model.layers[-1].kernel.numpy().tolist(),
         "bias": model.layers[-1].bias.numpy().tolist(),
         "table": layer.table_values().tolist(),
