@@ -121,6 +121,7 @@ TYPED = {
     "total_batches": st.integers(0, 5), "brief": st.booleans(), "reset": st.booleans(),
     "at_step": st.integers(0, 4), "incarnation": st.integers(0, 3),
     "key": st.sampled_from(["t", "a", "zzz"]), "learning_rate": st.floats(0, 1),
+    "sparse": st.lists(st.sampled_from(["a", "b", "zzz"]), unique=True, max_size=2),
     "tables": st.one_of(st.just(TABLES), st.just([]), st.just([{**TABLES[0], "dim": 3}]),
                         st.just([{**TABLES[0], "shard": 2}]), st.just(TABLES + TABLES)),
 }
@@ -129,15 +130,15 @@ MALFORMED = {
     "worker": worker_id, "clock": count, "step": count, "steps": count, "loss": garbage, "keys": key_list,
     "base_version": count, "min_state_step": count, "timeout_s": garbage, "specs": spec_list,
     "policy": policy_spec, "num_workers": count, "nonfinite": garbage, "excluded": id_list, "drain": id_list,
-    "undrain": id_list, "gone": id_list, "total_batches": count, "brief": garbage, "reset": garbage, "at_step": count, "incarnation": count,
+    "undrain": id_list, "gone": id_list, "total_batches": count, "brief": garbage, "reset": garbage, "at_step": count, "incarnation": count, "sparse": key_list,
     "key": garbage, "learning_rate": garbage, "tables": garbage,
 }
 METHOD_FIELDS = {
     "Init": ["worker", "specs", "policy", "num_workers", "step", "nonfinite", "reset", "tables"],
     "WaitInit": ["worker", "timeout_s", "specs", "policy", "num_workers"],
     "Pull": ["worker", "clock", "keys", "min_state_step"],
-    "Push": ["worker", "clock", "loss", "steps", "incarnation"],
-    "PushPull": ["worker", "clock", "loss", "steps", "keys", "base_version", "incarnation"],
+    "Push": ["worker", "clock", "loss", "steps", "incarnation", "sparse"],
+    "PushPull": ["worker", "clock", "loss", "steps", "keys", "base_version", "incarnation", "sparse"],
     "PushGradients": ["worker", "step", "incarnation"], "PutState": ["worker", "step", "incarnation"],
     "SetExcluded": ["worker", "excluded"], "Heartbeat": ["worker"], "Status": ["brief"], "Done": ["worker"],
     "Shutdown": ["worker"], "Leave": ["worker"], "Control": ["drain", "undrain", "gone", "total_batches"],
@@ -185,9 +186,16 @@ row_tensors = st.one_of(
                            hnp.arrays(np.float64, (len(r), 2), elements=finite))})),
     st.fixed_dictionaries({"rows": hnp.arrays(np.int32, 2, elements=st.integers(0, 4))}),
 )
+sparse_tensors = st.fixed_dictionaries({
+    "a": st.one_of(hnp.arrays(np.float32, (1, 2), elements=elements), hnp.arrays(np.float32, (2, 2), elements=finite),
+                   hnp.arrays(np.float32, (1, 3), elements=finite)),
+    "a@rows": st.one_of(hnp.arrays(np.int64, 1, elements=st.integers(-1, 2)), hnp.arrays(np.int64, 2, elements=st.integers(0, 1)),
+                        hnp.arrays(np.int32, 1, elements=st.integers(0, 1))),
+}, optional={"b": hnp.arrays(np.float32, (3,), elements=finite), "b@rows": hnp.arrays(np.int64, 1)})
 tensor_sets = st.one_of(
     valid_tensors,
     row_tensors,
+    sparse_tensors,
     st.dictionaries(st.sampled_from(["a", "b", "n", "zzz", "y" * 700]), arrays, max_size=3),
 )
 

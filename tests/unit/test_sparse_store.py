@@ -133,3 +133,37 @@ def test_row_values_match_a_table_applied_directly():
         svc.call("PushRows", {"rows": r, "grads": g}, worker=1, key="emb")
         ref.apply(r, g, None)
     np.testing.assert_array_equal(lookup(svc, 0, 1, 2), ref.values)
+
+
+def test_a_row_sparse_push_adds_the_rows_it_names_and_is_checked_whole():
+    store = ParameterStore(AsyncPolicy(), num_workers=2)
+    svc = ParameterService(store)
+    emb = VariableSpec("e", "float32", (6, 2))
+    svc.call("Init", {"e": np.zeros((6, 2), np.float32)}, worker=0, specs=[emb.to_dict()], num_workers=2)
+    meta, _ = svc.call("Push", {"e": np.ones((2, 2), np.float32), "e@rows": rows(4, 1)}, worker=1, clock=1,
+                       sparse=["e"])
+    assert meta["applied"]
+    np.testing.assert_array_equal(store.state()["values"]["e"], [[0, 0], [1, 1], [0, 0], [0, 0], [1, 1], [0, 0]])
+    before = store.state()["values"]["e"].copy()
+    for tensors, match in (({"e": np.ones((1, 2), np.float32), "e@rows": rows(6)}, "outside"),
+                           ({"e": np.ones((1, 3), np.float32), "e@rows": rows(0)}, "Wrong rows"),
+                           ({"e": np.ones((2, 2), np.float32), "e@rows": rows(1, 1)}, "twice"),
+                           ({"e": np.ones((2, 2), np.float32), "e@rows": rows(1)}, "one row per index")):
+        with pytest.raises(RequestError, match=match):
+            svc.call("Push", tensors, worker=1, clock=2, sparse=["e"])
+        np.testing.assert_array_equal(store.state()["values"]["e"], before)
+
+
+def test_the_session_sends_only_changed_rows_of_large_variables():
+    from tfdist.ps.session import ROW_SPARSE_MIN_ROWS, _row_sparse
+
+    n = ROW_SPARSE_MIN_ROWS
+    table = np.zeros((n, 3), np.float32)
+    table[[5, 9]] = 1.0
+    kernel = np.ones((n, 3), np.float32)  # every row changed: stays dense
+    small = np.zeros((4, 3), np.float32)
+    small[0] = 1.0  # too few rows to bother
+    deltas, row_map = _row_sparse({"t": table, "k": kernel, "s": small, "b": np.ones(3, np.float32)})
+    assert list(row_map) == ["t"] and row_map["t"].tolist() == [5, 9] and row_map["t"].dtype == np.int64
+    np.testing.assert_array_equal(deltas["t"], table[[5, 9]])
+    assert deltas["k"] is kernel and deltas["s"] is small

@@ -329,6 +329,9 @@ def _tensor_keys(method: str, tensors: Mapping[str, np.ndarray]) -> Mapping[str,
     return tensors
 
 
+#: Suffix of the tensor holding a row-sparse delta's row indices (``Push``/``PushPull`` with ``sparse``).
+ROWS_SUFFIX = "@rows"
+
 #: Incarnations are random 48-bit numbers (one per start, reset or roll-back of a PS task).
 MAX_INCARNATION = 2**48 - 1
 
@@ -467,6 +470,9 @@ class PullRequest:
 class PushRequest:
     """Add ``deltas`` (update path). ``clock``: the worker's completed steps with
     this push; ``steps``: local steps the deltas sum (``strategy.exchange_every``);
+    ``sparse``: keys whose delta is row-sparse (tensor ``<key>`` holds the
+    changed rows, ``<key>@rows`` their distinct int64 indices: an embedding
+    sends the rows a step changed, not the whole table);
     ``loss``: the step's training loss (DTSSP); ``incarnation``: the PS task's
     incarnation the deltas were computed against (refused with ``UNAVAILABLE``
     when the task has another: it restarted, was reset or rolled back). Reply:
@@ -479,6 +485,8 @@ class PushRequest:
     loss: float | None = None
     steps: int = 1
     incarnation: int | None = None
+    #: Row-sparse deltas: variable key → the rows (int64, distinct) that ``deltas[key]`` holds, in order.
+    rows: Mapping[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def _meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"worker": self.worker, "clock": self.clock}
@@ -488,16 +496,36 @@ class PushRequest:
             meta["steps"] = self.steps
         if self.incarnation is not None:
             meta["incarnation"] = self.incarnation
+        if self.rows:
+            meta["sparse"] = sorted(self.rows)
         return meta
 
+    def _tensors(self) -> dict[str, np.ndarray]:
+        return {**self.deltas, **{k + ROWS_SUFFIX: r for k, r in self.rows.items()}}
+
     def to_wire(self):
-        return self._meta(), dict(self.deltas)
+        return self._meta(), self._tensors()
 
     @classmethod
     def parse(cls, f: _Fields, tensors):
-        return cls(f.worker(), f.int("clock", 0, MAX_COUNT, 0), _tensor_keys(f.method, tensors),
+        deltas = dict(_tensor_keys(f.method, tensors))
+        sparse = f.keys("sparse") or ()
+        rows = {}
+        for key in sparse:
+            r, values = deltas.pop(key + ROWS_SUFFIX, None), deltas.get(key)
+            if r is None or values is None or r.dtype != np.int64 or r.ndim != 1 or values.ndim < 1 \
+                    or values.shape[0] != r.shape[0]:
+                raise ProtocolError(f"{f.method}: sparse delta {short(key)} needs tensors {short(key)} (one row per "
+                                    f"index) and {short(key + ROWS_SUFFIX)} (1-D int64 row indices).")
+            if r.size > 1 and np.unique(r).size != r.size:
+                raise ProtocolError(f"{f.method}: sparse delta {short(key)} names a row twice.")
+            rows[key] = r
+        stray = [k for k in deltas if k.endswith(ROWS_SUFFIX)]
+        if stray:
+            raise ProtocolError(f"{f.method}: row indices {short(stray[:4])} without their key in `sparse`.")
+        return cls(f.worker(), f.int("clock", 0, MAX_COUNT, 0), deltas,
                    f.number("loss", -math.inf, math.inf, None), f.int("steps", 1, MAX_COUNT, 1),
-                   f.int("incarnation", 0, MAX_INCARNATION, None))
+                   f.int("incarnation", 0, MAX_INCARNATION, None), rows)
 
 
 @dataclass(frozen=True)
@@ -519,7 +547,7 @@ class PushPullRequest:
             meta["keys"] = list(self.keys)
         if self.base_version is not None:
             meta["base_version"] = self.base_version
-        return meta, dict(self.push.deltas)
+        return meta, self.push._tensors()
 
     @classmethod
     def parse(cls, f: _Fields, tensors):

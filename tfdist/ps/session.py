@@ -447,7 +447,6 @@ class WorkerSession:
         parts = self._split(deltas)
         requests = self._push_requests(parts, self.clock + 1, loss, pull and self.push_pull, steps)
         replies = self._request_many(requests)
-        self.stats["bytes_pushed"] += sum(d.nbytes for d in deltas.values())
         self.clock += 1
         self.stats["syncs"] += 1
         if pull and not self.push_pull:  # reads may wait (SSP): the push, then a read at the next clock
@@ -473,7 +472,9 @@ class WorkerSession:
         version = self.version if version is None else version
         requests = {}
         for ps in range(self.plan.num_ps):
-            push = PushRequest(self.worker_id, clock, parts[ps], loss, int(steps), self.incarnation[ps])
+            deltas, rows = _row_sparse(parts[ps])
+            self.stats["bytes_pushed"] += sum(d.nbytes for d in deltas.values()) + sum(r.nbytes for r in rows.values())
+            push = PushRequest(self.worker_id, clock, deltas, loss, int(steps), self.incarnation[ps], rows)
             if pull:
                 base = version[ps] if self.conditional_pull else None
                 requests[ps] = PushPullRequest(push, tuple(self.plan.keys_on(ps)), base)
@@ -598,6 +599,28 @@ class WorkerSession:
         self.client.close()
 
 
+#: Variables with at least this many rows may travel row-sparse (only their changed rows).
+ROW_SPARSE_MIN_ROWS = 64
+
+
+def _row_sparse(deltas: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(deltas, rows)``: a delta that changed at most half of its rows travels as those rows only.
+
+    An embedding trained by SGD (or any optimizer that leaves rows without
+    a gradient alone) changes only the rows its batch touched: those rows and
+    their indices are sent, not the whole table. Others stay dense.
+    """
+    out, rows = {}, {}
+    for key, delta in deltas.items():
+        if delta.ndim >= 2 and delta.shape[0] >= ROW_SPARSE_MIN_ROWS:
+            changed = np.flatnonzero(np.any(delta.reshape(delta.shape[0], -1) != 0, axis=1))
+            if 2 * changed.size <= delta.shape[0]:
+                out[key], rows[key] = delta[changed], changed.astype(np.int64)
+                continue
+        out[key] = delta
+    return out, rows
+
+
 class UpdateSession(WorkerSession):
     """The update path with SSP clocks: ASP, SSP(s) and DTSSP.
 
@@ -707,7 +730,6 @@ class UpdateSession(WorkerSession):
         self._exchange = self._exchange_thread.submit(
             self._exchange_in_background, deltas, loss, self.clock, self._snapshot, list(self.version), steps)
         self.stats["syncs"] += 1
-        self.stats["bytes_pushed"] += sum(d.nbytes for d in deltas.values())
         self.stats["sync_seconds"] += time.perf_counter() - start
         return corrections
 

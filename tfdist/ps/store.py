@@ -423,7 +423,15 @@ class ParameterStore:
         self._check_incarnation(req.incarnation)
         self._check_member(req.worker)
         self._require_path("update")
-        self._check_tensors(req.deltas)
+        self._check_tensors({k: v for k, v in req.deltas.items() if k not in req.rows})
+        self._check_keys(req.rows)
+        for key, rows in req.rows.items():
+            spec, value = self._specs[key], req.deltas[key]
+            if value.dtype.name != spec.dtype or len(spec.shape) < 1 or tuple(value.shape[1:]) != tuple(spec.shape[1:]):
+                raise StoreError(f"Wrong rows for {short(key)}: received {value.dtype.name}{list(value.shape)}, the "
+                                 f"variable is {spec.dtype}{list(spec.shape)}.")
+            if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= spec.shape[0]):
+                raise StoreError(f"Rows of {short(key)} outside 0..{spec.shape[0] - 1}.", grpc_code="OUT_OF_RANGE")
 
     # ----------------------------------------------------------- update path
     def push(self, req: PushRequest, timeout: float | None = None, cancelled: Cancelled = _never) -> dict[str, Any]:
@@ -476,7 +484,12 @@ class ParameterStore:
             return {"applied": False, "dropped": True, "version": self.version, "reason": decision.reason,
                     **self._member_info(worker)}
         for key, delta in req.deltas.items():
-            self._values[key] += delta
+            rows = req.rows.get(key)
+            if rows is None:
+                self._values[key] += delta
+            else:
+                self._values[key][rows] += delta  # distinct rows (checked when parsed)
+                self.stats["bytes_in"] += rows.nbytes
             self.stats["bytes_in"] += delta.nbytes
         previous = self.version
         self.version += 1
