@@ -158,7 +158,9 @@ def main():
     p.add_argument("--eval-examples", type=int, default=8192)
     p.add_argument("--metrics-out", help="the chief writes its history, hold-out metrics and table counters "
                    "here (JSON)")
-    p.add_argument("--save", help="the chief saves the trained model here (.keras; the tables gathered from the PS)")
+    p.add_argument("--save", help="the chief saves the trained model here (.keras; the tables gathered from the PS). "
+                   "Load it in plain Keras after `import tfdist.layers` and importing this file (they register "
+                   "ShardedEmbedding and FeatureOffsets) with keras.saving.load_model(path, compile=False)")
     p.add_argument("--eval-interval", type=float, default=5.0,
                    help="evaluator task: seconds between two evaluations of the PS values")
     args = p.parse_args()
