@@ -10,7 +10,13 @@ model ``Embedding`` + ``GlobalAveragePooling1D`` + ``Dense(1)``, SGD, batch
   127.0.0.1), ``keras.layers.Embedding``: the worker holds the table and every
   step pushes its dense delta;
 * ``sharded``    — tfdist, 1 worker + 1 PS task, ``tfdist.layers.ShardedEmbedding``:
-  the table lives on the PS and a step moves the rows its batch touches.
+  the table lives on the PS and a step moves the rows its batch touches;
+* ``tf_pss``     — TF's ParameterServerStrategy with tf-keras (``TF_USE_LEGACY_KERAS=1``;
+  ``pip install -e .[bench]``), 1 PS + 1 worker + a coordinator: the table is a
+  PS variable, a step gathers its rows there and SGD applies the sparse
+  gradient there. tf-keras refuses batch-level callbacks under PSS, so it is
+  timed between epoch ends (an epoch of ``steps`` steps as the warm-up); its
+  bytes are not counted.
 
 Each configuration runs in fresh processes (``benchmarks/ps_workers/sparse_table_worker.py``),
 timed at batch ends over ``steps`` steps after a warm-up. Bytes per step are
@@ -24,11 +30,9 @@ would not fit in the memory this machine has available (an estimate of the
 processes' peak) or its predicted run time (the previous size's step time
 scaled by the growth of the table) exceeds ``--max-config-seconds``.
 
-TF's ParameterServerStrategy with tf-keras is not measured here yet.
-
 Usage::
 
-    python benchmarks/sparse_scaling.py [--quick] [--rows 10000,100000,...] [--configs plain,replicated,sharded]
+    python benchmarks/sparse_scaling.py [--quick] [--rows 10000,100000,...] [--configs plain,replicated,sharded,tf_pss]
         [--out FILE] [--max-config-seconds S] [--timeout S]
 
 ``--quick``: 5 warm-up + 20 timed steps per configuration (default 10 + 100)
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import sys
@@ -54,11 +59,14 @@ sys.path.insert(0, ROOT)
 from benchmarks import _common  # noqa: E402
 
 WORKER = os.path.join(ROOT, "benchmarks", "ps_workers", "sparse_table_worker.py")
-CONFIGS = ("plain", "replicated", "sharded")
+TFPSS_SERVER = os.path.join(ROOT, "benchmarks", "ps_workers", "tfpss_server.py")
+TFPSS_COORDINATOR = os.path.join(ROOT, "benchmarks", "ps_workers", "tfpss_sparse_coordinator.py")
+CONFIGS = ("plain", "replicated", "sharded", "tf_pss")
 CONFIG_LABELS = {
     "plain": "plain Keras 3 fit, 1 process, keras.layers.Embedding",
     "replicated": "tfdist PS, 1 worker + 1 PS, keras.layers.Embedding (replicated)",
     "sharded": "tfdist PS, 1 worker + 1 PS, tfdist.layers.ShardedEmbedding (PS-resident)",
+    "tf_pss": "TF ParameterServerStrategy, 1 worker + 1 PS + coordinator, tf-keras Embedding (a PS variable)",
 }
 ROWS = (10_000, 100_000, 1_000_000, 10_000_000)
 DIM, BATCH, IDS = 32, 64, 8
@@ -66,7 +74,7 @@ DIM, BATCH, IDS = 32, 64, 8
 #: rows (1.28 GB): plain Keras peaked at 4.6 GB; the replicated tfdist worker at 10.7 GB (the table, its
 #: gradient, the snapshot the delta is diffed against, the delta, the serialised message) plus the PS's
 #: copy; the sharded worker at 0.69 GB whatever the table (its PS holds the table).
-MEMORY_FACTOR = {"plain": 4.0, "replicated": 11.0, "sharded": 2.5}
+MEMORY_FACTOR = {"plain": 4.0, "replicated": 11.0, "sharded": 2.5, "tf_pss": 2.5}
 #: Share of the available memory a configuration may take.
 MEMORY_SHARE = 0.8
 #: gRPC's own ceiling on a message (a signed 32-bit length).
@@ -98,6 +106,8 @@ def available_memory_bytes() -> int | None:
 
 def skip_reason(config: str, rows: int, previous: dict | None, steps: int, budget_s: float) -> str | None:
     """Why ``config`` at ``rows`` is not run (memory or predicted time), or ``None``."""
+    if config == "tf_pss" and importlib.util.find_spec("tf_keras") is None:
+        return "tf-keras is not installed (pip install -e .[bench])"
     table = rows * DIM * 4
     need = MEMORY_FACTOR[config] * table
     avail = available_memory_bytes()
@@ -107,7 +117,7 @@ def skip_reason(config: str, rows: int, previous: dict | None, steps: int, budge
     if previous and "ms_per_step" in previous:
         growth = rows / previous["rows"]
         # the share of a step that grows with the table: replicated and plain grow ~linearly past 1e5 rows
-        predicted = previous["ms_per_step"] / 1e3 * (growth if config != "sharded" else 1.0) * steps
+        predicted = previous["ms_per_step"] / 1e3 * (growth if config in ("plain", "replicated") else 1.0) * steps
         if predicted > budget_s:
             return (f"time: predicted {predicted:.0f} s for {steps} steps ({previous['ms_per_step']:.0f} ms/step at "
                     f"{previous['rows']:,} rows x {growth:g}) > --max-config-seconds {budget_s:g}")
@@ -120,6 +130,10 @@ def run_one(config: str, rows: int, warmup: int, steps: int, children: _common.C
     argv = ["--mode", config, "--rows", str(rows), "--dim", str(DIM), "--batch", str(BATCH), "--ids", str(IDS),
             "--warmup", str(warmup), "--steps", str(steps), "--out", out]
     t0 = time.monotonic()
+    if config == "tf_pss":
+        result = run_tf_pss(rows, warmup, steps, children, log_dir, timeout)
+        result["run_s"] = round(time.monotonic() - t0, 1)
+        return result
     if config == "plain":
         proc = children.start([_common.python(), WORKER, *argv], env=_env(),
                               log_path=os.path.join(log_dir, f"{config}-{rows}.log"))
@@ -143,6 +157,38 @@ def run_one(config: str, rows: int, warmup: int, steps: int, children: _common.C
         result = json.load(f)
     result["run_s"] = round(time.monotonic() - t0, 1)
     return result
+
+
+def run_tf_pss(rows: int, warmup: int, steps: int, children: _common.Children, log_dir: str, timeout: float) -> dict:
+    """TF PSS: 1 PS + 1 worker server + coordinator; timed between epoch ends (an epoch of ``warmup`` first)."""
+    from tfdist.cluster.local import free_port
+
+    ports: list[int] = []
+    while len(ports) < 3:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    spec = json.dumps({"chief": [f"127.0.0.1:{ports[0]}"], "ps": [f"127.0.0.1:{ports[1]}"],
+                       "worker": [f"127.0.0.1:{ports[2]}"]})
+    env = {**_env(), "TF_USE_LEGACY_KERAS": "1"}
+    servers = [children.start([_common.python(), TFPSS_SERVER, "--cluster", spec, "--job", job, "--index", "0"],
+                              env=env, log_path=os.path.join(log_dir, f"tf_pss-{rows}-{job}.log"))
+               for job in ("ps", "worker")]
+    out = os.path.join(log_dir, f"tf_pss-{rows}.json")
+    # steps per epoch = the timed steps; the first epoch (the same length) is the warm-up
+    coordinator = children.start([_common.python(), TFPSS_COORDINATOR, "--cluster", spec, "--rows", str(rows),
+                                  "--dim", str(DIM), "--batch", str(BATCH), "--ids", str(IDS), "--out", out,
+                                  "--steps-per-epoch", str(steps), "--timed-epochs", "1"],
+                                 env=env, log_path=os.path.join(log_dir, f"tf_pss-{rows}-coordinator.log"))
+    deadline = time.monotonic() + timeout
+    while coordinator.poll() is None and time.monotonic() < deadline:
+        for s in servers:
+            if s.poll() is not None:
+                raise RuntimeError(f"TF PSS server {s.args[3:]} exited with {s.returncode}:\n{_common.log_tail(s)}")
+        time.sleep(0.2)
+    children.wait_all([coordinator], max(deadline - time.monotonic(), 0.1))
+    with open(out) as f:
+        return json.load(f)
 
 
 def targets(rows_by_config: dict) -> dict:
@@ -189,7 +235,7 @@ def main(argv=None) -> int:
                  "uniform ids",
         "warmup_steps": warmup, "timed_steps": steps, "max_config_seconds": budget,
         "configs": {c: CONFIG_LABELS[c] for c in configs},
-        "not_measured": ["TF ParameterServerStrategy with tf-keras (not implemented in this benchmark yet)"],
+        "not_measured": ["bytes per step of TF PSS (no counters)"],
         "results": {c: [] for c in configs},
     }
     children = _common.Children()

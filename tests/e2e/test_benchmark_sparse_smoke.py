@@ -18,7 +18,8 @@ def test_sparse_scaling_measures_every_configuration_and_skips_what_cannot_fit(t
     docs = os.path.join(ROOT, "docs", "benchmarks.md")
     before = open(docs).read()
     # 1e12 rows (128 TB): skipped for memory, the run goes on
-    proc = subprocess.run([sys.executable, SCRIPT, "--rows", "1000,1000000000000", "--warmup", "2", "--steps", "3",
+    proc = subprocess.run([sys.executable, SCRIPT, "--rows", "1000,1000000000000", "--configs", "plain,replicated,sharded",
+                           "--warmup", "2", "--steps", "3",
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(out.read_text())
