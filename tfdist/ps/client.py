@@ -191,6 +191,11 @@ class PSClient:
         where = f"ps:{ps} at {self.addresses[ps]}"
         if code == grpc.StatusCode.UNAUTHENTICATED:
             return AuthError(f"{details} ({where})")
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (details or ""):
+            return PSRejectedError(
+                f"{method} to {where}: {details}. A message is larger than ps.max_message_bytes allows: raise it "
+                "(every task reads it from the job's config), split large variables over the PS tasks "
+                "(ps.partition_threshold_bytes), or keep a large embedding on the PS (tfdist.layers.ShardedEmbedding).")
         if code == grpc.StatusCode.ABORTED:  # the server's own bound on a policy wait: the PS is fine
             return PSWaitTimeoutError(f"{details} ({where})")
         if code in _UNAVAILABLE:
