@@ -293,3 +293,31 @@ def test_a_checkpoint_that_is_not_a_shard_is_refused_clearly():
     with pytest.raises(RequestError, match="Not a checkpoint of a parameter-server shard") as e:
         ParameterStore(None, num_workers=1).restore({"hello": 1}, {})
     assert e.value.grpc_code == "DATA_LOSS"
+
+
+def test_ssp_readers_whose_clocks_a_restore_set_back_do_not_wait_for_each_other():
+    """A restored SSP task holds older clocks than the workers (their pushes since are lost); their reads at
+    their own clocks bring the clocks back instead of waiting forever for pushes nobody makes."""
+    import threading
+
+    store = store_with(SSPPolicy(2), num_workers=2, num_workers_meta=2)
+    for clock in range(1, 4):
+        for w in (0, 1):
+            call(store, "Push", {"b": np.ones(3, np.float32)}, worker=w, clock=clock)
+    _, meta, arrays = store.checkpoint_state()
+    fresh = ParameterStore(None, num_workers=2, max_wait_s=10.0)
+    fresh.restore(meta, arrays)
+    assert fresh.policy.clocks == {0: 3, 1: 3}
+    # both workers went on to clock 8 elsewhere; both now read here at clock 8 (lag 5 > 2 against the restored 3)
+    results = []
+    readers = [threading.Thread(target=lambda w=w: results.append(call(fresh, "Pull", worker=w, clock=8, timeout=10.0)))
+               for w in (0, 1)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(15)
+    assert len(results) == 2 and fresh.policy.clocks == {0: 8, 1: 8}
+    # a read that is refused (its wait runs out) leaves the clocks as they were
+    with pytest.raises(RequestError, match="ahead of the slowest"):
+        call(fresh, "Pull", worker=0, clock=20, timeout=0.05)
+    assert fresh.policy.clocks == {0: 8, 1: 8}

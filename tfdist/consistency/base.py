@@ -138,6 +138,9 @@ class ConsistencyPolicy:
         """Clock information every reply carries (SSP: ``min_clock``, ``staleness``). Defaults to none."""
         return {}
 
+    def on_read(self, worker: int, clock: int) -> None:
+        """Update path: ``worker`` reads before starting step ``clock`` (so it has completed ``clock`` steps)."""
+
     def clock_of(self, worker: int) -> int | None:
         """The clock the policy holds for ``worker``, told to it on reads (``None``: the policy keeps none)."""
         return None

@@ -83,6 +83,13 @@ class SSPPolicy(ConsistencyPolicy):
     def on_applied(self, worker: int, clock: int, ctx: PolicyContext, loss: float | None = None) -> None:
         self.clocks[worker] = max(self.clocks.get(worker, 0), clock)
 
+    def on_read(self, worker: int, clock: int) -> None:
+        # A read at clock c follows the worker's push of its c-th step, so its clock is at least c already;
+        # after a PS task restored a checkpoint (older clocks, pushes lost) this brings it back, so readers
+        # that all wait for each other's lost pushes do not deadlock.
+        if clock > self.clocks.get(worker, 0):
+            self.clocks[worker] = clock
+
     def on_join(self, worker: int, ctx: PolicyContext) -> None:
         others = ctx.awaited - {worker} or ctx.live - {worker}
         if others:

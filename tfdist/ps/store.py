@@ -526,7 +526,7 @@ class ParameterStore:
                 self._check_member(worker)
             keys = self._read_keys(req.keys)
             if self.policy.path == "update":
-                self._wait_for(lambda: self._pull_decision(worker, req.clock), timeout, "pull", cancelled)
+                self._read_wait(worker, req.clock, timeout, cancelled)
             elif req.min_state_step is not None:
                 step = req.min_state_step
                 self._wait_for(lambda: _Wait(self.state_step < step,
@@ -546,6 +546,25 @@ class ParameterStore:
             if clock is not None:
                 meta["clock"] = clock
         return consumer(meta, values)
+
+    def _read_wait(self, worker: int, clock: int, timeout: float | None, cancelled: Cancelled) -> None:
+        """Update path: tells the policy the reader's clock (``on_read``), then waits as it says (lock held).
+
+        A read that is refused (its wait ran out, the caller went away) leaves
+        the policy's state as it was.
+        """
+        saved = None
+        if worker >= 0:
+            known = self.policy.clock_of(worker)
+            if known is not None and clock > known:
+                saved = self.policy.state()
+                self.policy.on_read(worker, clock)
+        try:
+            self._wait_for(lambda: self._pull_decision(worker, clock), timeout, "pull", cancelled)
+        except StoreError:
+            if saved is not None:
+                self.policy.restore(saved)
+            raise
 
     def _pull_decision(self, worker: int, clock: int):
         decision = self.policy.on_pull(worker, clock, self._ctx())
@@ -671,7 +690,7 @@ class ParameterStore:
             table = self._table(req.key)
             self._check_rows(table, req.rows)
             if self.policy.path == "update" and req.worker >= 0 and req.clock is not None:
-                self._wait_for(lambda: self._pull_decision(req.worker, req.clock), timeout, "pull", cancelled)
+                self._read_wait(req.worker, req.clock, timeout, cancelled)
             self._touch(req.worker)
             values = table.lookup(req.rows)
             self.stats["pulls"] += 1
