@@ -109,8 +109,8 @@ _SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize("mode, with_checkpoints", [
-    ("async", True), ("async", False), pytest.param("ssp", True, marks=_SLOW), ("bsp", True),
-    pytest.param("sync_replicas", False, marks=_SLOW),
+    ("async", True), pytest.param("async", False, marks=_SLOW), pytest.param("ssp", True, marks=_SLOW),
+    pytest.param("bsp", True, marks=_SLOW), pytest.param("sync_replicas", False, marks=_SLOW),
 ], ids=["async-checkpoint", "async-no-checkpoint", "ssp-checkpoint", "bsp-checkpoint", "sync_replicas-no-checkpoint"])
 def test_a_job_survives_a_killed_ps(tmp_path, tmp_path_factory, scripts_dir, mode, with_checkpoints):
     config = JobConfig(name="durable")
@@ -254,6 +254,7 @@ def _checkpoint_files(directory):
     return complete, torn
 
 
+@_SLOW
 def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_path, tmp_path_factory, scripts_dir):
     """Async: SIGKILL ps:1 in the middle of a checkpoint write (a 16 MiB shard); it restores the one before.
 

@@ -191,6 +191,7 @@ def test_bsp_over_two_workers_and_two_ps_equals_one_process_on_the_global_batch(
     assert results[0]["tables"][0]["rows_per_task"] == [25, 25]
 
 
+@pytest.mark.slow  # CI runs it (.ci/run); the PS-kill recovery it shares is in the default run (test_ps_durability)
 @pytest.mark.parametrize("mode", ["ssp", "bsp"])
 def test_tables_survive_a_killed_ps(tmp_path, scripts_dir, mode):
     """2 workers, 2 PS with checkpoints; ps:1 is SIGKILLed mid-fit and restarted by the launcher.

@@ -48,6 +48,7 @@ def test_a_table_larger_than_the_worker_may_hold_trains_on_the_ps(tmp_path, scri
           f"on the PS tasks: {[b // 2**20 for b in result['ps_table_bytes']]} MiB")
 
 
+@pytest.mark.slow  # the control; CI runs it (.ci/run)
 def test_the_same_model_with_a_local_embedding_cannot_hold_its_table_under_the_cap(tmp_path, scripts_dir):
     error, log = _job(tmp_path, scripts_dir, local=True)
     assert error is not None and "worker:0" in error
