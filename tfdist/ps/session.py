@@ -139,7 +139,7 @@ class WorkerSession:
         self._base: dict[str, np.ndarray] | None = None
         self._by_key = {s.key: s for s in self.specs}
         self.stats = {"syncs": 0, "pulls": 0, "bytes_pushed": 0, "bytes_pulled": 0, "sync_seconds": 0.0,
-                      "unchanged_replies": 0, "recoveries": 0}
+                      "unchanged_replies": 0, "recoveries": 0, "rows_pulled": 0, "rows_pushed": 0}
         self._hb_interval = heartbeat_interval_s
         self._hb_stop = threading.Event()
         self._hb_thread = None
@@ -186,7 +186,7 @@ class WorkerSession:
         out = np.empty((len(ids), spec.dim), np.float32)
         for ps, (_, tensors) in self._request_many(requests).items():
             out[shard == ps] = tensors["values"]
-        self.stats["rows_pulled"] = self.stats.get("rows_pulled", 0) + len(ids)
+        self.stats["rows_pulled"] += len(ids)
         return out
 
     def push_rows(self, key: str, ids: np.ndarray, grads: np.ndarray, learning_rate: float | None) -> None:
@@ -198,7 +198,7 @@ class WorkerSession:
                                         step, self.incarnation[ps])
                     for ps in range(self.plan.num_ps) if (shard == ps).any()}
         self._request_many(requests)
-        self.stats["rows_pushed"] = self.stats.get("rows_pushed", 0) + len(ids)
+        self.stats["rows_pushed"] += len(ids)
 
     def _lookup_clock(self) -> int | None:
         """Update path: a lookup is a read at the step about to start (SSP's rule applies)."""

@@ -197,7 +197,7 @@ class ParameterStore:
         self._capture_at: set[int] = set()
         self.stats = {
             "pushes": 0, "pulls": 0, "dropped": 0, "bytes_in": 0, "bytes_out": 0,
-            "waits": 0, "aggregations": 0, "gradients_aggregated": 0, "state_writes": 0,
+            "waits": 0, "aggregations": 0, "gradients_aggregated": 0, "state_writes": 0, "row_pushes": 0,
         }
 
     # ---------------------------------------------------------------- init
@@ -727,7 +727,7 @@ class ParameterStore:
             self._touch(req.worker)
             table.apply(req.rows, req.grads, req.learning_rate)
             self.stats["bytes_in"] += req.grads.nbytes + req.rows.nbytes
-            self.stats["row_pushes"] = self.stats.get("row_pushes", 0) + 1
+            self.stats["row_pushes"] += 1
             return {"applied": True, "dropped": False}
 
     def _apply_sparse_step(self, contributors: frozenset[int], m: int) -> None:
