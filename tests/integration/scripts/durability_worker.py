@@ -4,6 +4,8 @@ Usage: durability_worker.py --out DIR --mode async|ssp|bsp|sync_replicas [--m M]
        [--pause-at K]   the chief, before its K-th step, writes ``paused`` and waits (bounded) for the
                         test to write ``resume`` (the test kills a PS task meanwhile)
        [--pause-worker W]  the worker that pauses (default 0, the chief; the test kills or stops it)
+                        the other workers wait for ``resume`` before step K + 30 (so none can finish
+                        ``fit`` before the fault, e.g. under SyncReplicas M=1 where nobody waits for the chief)
        [--ballast-mb MB]   an unused non-trainable variable of MB MiB, placed on ps:1 (round robin: it
                         is the model's second variable), so that a checkpoint of ps:1 takes a while to write
        [--crash-chief-at K]  the chief SIGKILLs itself after its K-th step (only the first time: the
@@ -30,19 +32,24 @@ from tfdist.datasets import load_digits  # noqa: E402
 
 
 class Pause(keras.callbacks.Callback):
-    def __init__(self, out, at, crash_at=None):
+    def __init__(self, out, at, crash_at=None, hold_at=None):
         super().__init__()
-        self.out, self.at, self.crash_at, self.steps = out, at, crash_at, 0
+        self.out, self.at, self.crash_at, self.hold_at, self.steps = out, at, crash_at, hold_at, 0
         self.step_ends: list[float] = []  # time.time() at the end of every step (recovery benchmark)
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.at is not None and batch + 1 == self.at:
             open(os.path.join(self.out, "paused"), "w").close()
-            deadline = time.monotonic() + 120
-            while not os.path.exists(os.path.join(self.out, "resume")):
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the test did not say resume within 120 s")
-                time.sleep(0.02)
+            self._wait_for_resume()
+        if self.hold_at is not None and batch + 1 == self.hold_at:
+            self._wait_for_resume()
+
+    def _wait_for_resume(self):
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(self.out, "resume")):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the test did not say resume within 120 s")
+            time.sleep(0.02)
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
@@ -100,8 +107,9 @@ def main():
                                   keras.layers.Dense(10, activation="softmax")])
         model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
+    others_hold = args.pause_at + 30 if args.pause_at is not None and me != args.pause_worker else None
     pause = Pause(args.out, args.pause_at if me == args.pause_worker else None,
-                  args.crash_chief_at if me == 0 else None)
+                  args.crash_chief_at if me == 0 else None, hold_at=others_hold)
     model.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=2,
               callbacks=[pause, tfdist.callbacks.LeaveOnTrainEnd()])
     strategy.pull()
