@@ -95,6 +95,14 @@ class VariableRegistry:
     ``tf.py_function`` or from the caller's thread. Both then bring the
     layers that derive state from their variables (``Normalization``) in
     step with the new values (:class:`DerivedStateLayers`).
+
+    Local writes: an eager ``assign``/``assign_add``/``assign_sub`` of a
+    registered variable that does not come from here (``set_weights``,
+    ``load_weights``, ``EarlyStopping``'s restore, a callback) marks the
+    variable *written*; :meth:`assign` then leaves it as written (the
+    runtime clears the marks where the write has reached the job, or where
+    the job's state must win). Writes traced into a ``tf.function`` (the
+    optimizer in a training step) are not marks.
     """
 
     def __init__(self):
@@ -105,12 +113,18 @@ class VariableRegistry:
         self.late: list[str] = []
         #: Owners of registered variables that implement ``finalize_state``.
         self.derived = DerivedStateLayers()
+        #: Keys of variables written locally since the marks were last cleared (see the class doc).
+        self.written: set[str] = set()
+        self._own_write = False
+        self._kept_logged: frozenset[str] = frozenset()
 
-    def register(self, var: tf.Variable, trainable: bool, frozen: bool, owner=None) -> None:
+    def register(self, var: tf.Variable, trainable: bool, frozen: bool, owner=None, watch: bool = True) -> None:
         """Adds ``var`` (unless ``frozen``: the PS already holds the job's variables).
 
         ``owner``: the layer creating ``var``, if known; one with a
         ``finalize_state`` is kept computing with the values written here.
+        ``watch``: mark local writes of ``var`` (not on an evaluator, which
+        only mirrors the job).
         """
         name = var.name.split(":")[0]
         if frozen:
@@ -128,6 +142,20 @@ class VariableRegistry:
                                        bool(var.trainable) and trainable))
         if owner is not None:
             self.derived.track(owner, var)
+        if watch:
+            self._watch(var, key)
+
+    def _watch(self, var: tf.Variable, key: str) -> None:
+        """Marks ``key`` written when ``var`` is assigned eagerly by anyone but this registry."""
+        for method in ("assign", "assign_add", "assign_sub"):
+            original = getattr(var, method)
+
+            def write(*args, _original=original, **kwargs):
+                if not self._own_write and tf.executing_eagerly():
+                    self.written.add(key)
+                return _original(*args, **kwargs)
+
+            setattr(var, method, write)
 
     def key_of(self, var) -> str | None:
         return self._keys_by_var.get(id(var))
@@ -140,18 +168,34 @@ class VariableRegistry:
         """Arrays in variable order, keyed."""
         return {s.key: a for s, a in zip(self.specs, arrays)}
 
-    def assign(self, values: Mapping[str, np.ndarray]) -> None:
-        """Writes fresh values into the local variables."""
-        for spec, var in zip(self.specs, self.variables):
-            var.assign(values[spec.key])
+    def assign(self, values: Mapping[str, np.ndarray], keep_written: bool = True) -> None:
+        """Writes fresh values into the local variables (except those written locally, if ``keep_written``)."""
+        kept = frozenset(self.written) if keep_written else frozenset()
+        self._own_write = True
+        try:
+            for spec, var in zip(self.specs, self.variables):
+                if spec.key not in kept:
+                    var.assign(values[spec.key])
+        finally:
+            self._own_write = False
+        if not keep_written:
+            self.written.clear()
+        if kept and kept != self._kept_logged:
+            self._kept_logged = kept
+            logger.info("kept %d variable(s) written locally (e.g. set_weights, load_weights, EarlyStopping's "
+                        "restore) instead of the job's values: %s", len(kept), sorted(kept)[:5])
         self.derived.refresh()
 
     def add(self, corrections: Mapping[str, np.ndarray]) -> None:
         """Adds ``corrections`` (variable key → array; missing keys: nothing to add)."""
-        for spec, var in zip(self.specs, self.variables):
-            correction = corrections.get(spec.key)
-            if correction is not None:
-                var.assign_add(correction)
+        self._own_write = True
+        try:
+            for spec, var in zip(self.specs, self.variables):
+                correction = corrections.get(spec.key)
+                if correction is not None:
+                    var.assign_add(correction)
+        finally:
+            self._own_write = False
         self.derived.refresh()
 
 
@@ -226,7 +270,8 @@ class PSRuntime:
         model_variable = self.variable_filter(name, kwargs)
         if model_variable and not var.dtype.is_floating:
             return
-        self.registry.register(var, model_variable, frozen=self.session is not None, owner=owner)
+        self.registry.register(var, model_variable, frozen=self.session is not None, owner=owner,
+                               watch=self.worker_id >= 0)
 
     def key_of(self, var) -> str | None:
         return self.registry.key_of(var)
@@ -329,6 +374,8 @@ class PSRuntime:
                 tables=self._table_specs(),
             )
             values = session.initialize(self.registry.values() if self.is_chief else {})
+            # Writes before joining: the chief's became the job's initial values, or the job's win.
+            self.registry.written.clear()
             if values is not None:
                 self.registry.assign(values)
             self.session = session
@@ -386,6 +433,7 @@ class PSRuntime:
                 self._refresh_for_reading(session)
             return
         self.step_wait_s = 0.0
+        self._training_step_begins()
         with self._blocked():
             values = self._recovering(session.begin)
         if values is not None:
@@ -401,8 +449,13 @@ class PSRuntime:
     def flush_local_steps(self) -> None:
         """Sends local steps the exchange held back (update path with ``exchange_every``)."""
 
-    def refresh(self) -> None:
+    def _training_step_begins(self) -> None:
+        """Hook: a training step of this worker begins (before its pull, if any)."""
+
+    def refresh(self, keep_local_writes: bool = True) -> None:
         """``strategy.pull()``: the job's freshest values into this worker's variables now."""
+        if not keep_local_writes:
+            self.registry.written.clear()
         self.begin_step(training=False)
 
     @contextlib.contextmanager
@@ -606,11 +659,13 @@ class UpdatePathRuntime(PSRuntime):
             self._send(self.registry.keyed(current), loss, steps)
 
     def _send_blocking(self, current: dict, loss: float | None, steps: int) -> None:
+        self.registry.written.clear()  # this update carries the local writes (current - snapshot)
         values = self._recovering(lambda: self.session.end(current, loss, steps=steps))
         if values is not None:
             self.registry.assign(values)
 
     def _send_overlapped(self, current: dict, loss: float | None, steps: int) -> None:
+        self.registry.written.clear()  # this update carries the local writes (current - base)
         corrections = self._recovering(lambda: self.session.end_overlapped(current, loss, steps=steps))
         if corrections:
             self.registry.add(corrections)
@@ -702,8 +757,15 @@ class GradientPathRuntime(PSRuntime):
         if values is not None:
             self.registry.assign(values)
 
-    def refresh(self) -> None:
+    def _training_step_begins(self) -> None:
+        # Synchronous training keeps every worker on the job's state: from its next step on, a worker's
+        # local writes no longer hold back a reload of that state.
+        self.registry.written.clear()
+
+    def refresh(self, keep_local_writes: bool = True) -> None:
         """``strategy.pull()``: a worker loads the job's latest state snapshot if it is behind."""
+        if not keep_local_writes:
+            self.registry.written.clear()
         session = self.ensure_session()
         if self.worker_id < 0:
             values = self._recovering(lambda: session.pull(as_reader=True))
@@ -737,6 +799,7 @@ class GradientPathRuntime(PSRuntime):
 
     def end_step(self, current: list[np.ndarray]) -> None:
         self._trained_since_check = True
+        self.registry.written.clear()  # marks of an eager (run_eagerly) step's own updates
         if self.in_warmup:
             return
         if self._recovered is not None:  # a task was lost in this step: the recovered state, not its result

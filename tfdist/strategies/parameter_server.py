@@ -276,7 +276,7 @@ class ParameterServerStrategy(StrategyBase):
         return [{**spec.to_dict(), "rows_per_task": [shard_rows(spec.rows, ps, n) for ps in range(n)]}
                 for spec in self._runtime.table_specs()]
 
-    def pull(self) -> None:
+    def pull(self, keep_local_writes: bool = True) -> None:
         """Loads the job's freshest values into this worker's variables now.
 
         Update path (async, SSP, DTSSP): the PS's current values (local steps
@@ -285,8 +285,16 @@ class ParameterServerStrategy(StrategyBase):
         optimizer state) when this worker is behind it, e.g. a backup whose
         gradients were dropped at the end of ``fit``; a worker that is not
         behind keeps its (identical) state.
+
+        Args:
+            keep_local_writes: Variables this worker wrote itself since its
+                last training step (``set_weights``, ``load_weights``,
+                ``EarlyStopping(restore_best_weights=True)``) keep their
+                values, as they do at every ``evaluate``/``predict`` (README
+                "Local writes"). ``False`` discards them and loads the job's
+                values. Defaults to ``True``.
         """
-        self._runtime.refresh()
+        self._runtime.refresh(keep_local_writes)
 
     def checkpoint(self) -> list[dict]:
         """Writes a checkpoint of every PS task's shard now (``ps.checkpoint_dir``) and waits for it.
