@@ -37,6 +37,7 @@ setup(
             "nbformat>=5.10",
             "ipykernel>=6.29",
             "matplotlib>=3.8",
+            "tf-keras>=2.21,<2.22",  # the test that tf-keras models are refused
         ],
         "bench": ["tf-keras>=2.21,<2.22", "psutil>=5.9", "flwr[simulation]>=1.20"],
     },

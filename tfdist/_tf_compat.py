@@ -30,12 +30,16 @@ Collective groups between independent processes (two and three processes):
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from typing import Mapping, Sequence
 
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.core.protobuf import cluster_pb2, tensorflow_server_pb2
 from tensorflow.python.distribute import distribute_lib, one_device_strategy
 from tensorflow.python.eager import context
+
+from tfdist.errors import ConfigError
 
 #: Base of every tfdist strategy (see DESIGN.md §1: works with Keras 3 fit).
 OneDeviceExtended = one_device_strategy.OneDeviceExtended
@@ -47,6 +51,7 @@ __all__ = [
     "context_initialized",
     "enable_collective_group",
     "in_xla_compilation",
+    "refuse_legacy_keras",
     "keras_tensorflow_trainer",
     "keras_variable_owner",
 ]
@@ -158,3 +163,30 @@ def enable_collective_group(
     ctx.enable_collective_ops(server_def)
     ctx.ensure_initialized()
     return list(ctx.devices())
+
+
+def refuse_legacy_keras(depth: int = 60) -> None:
+    """Raises ``ConfigError`` when the variable being created comes from tf-keras (Keras 2).
+
+    tfdist's strategies are written and tested for Keras 3 (the ``keras``
+    package); with tf-keras (``TF_USE_LEGACY_KERAS=1``, or ``import
+    tf_keras``) ``fit`` runs, but its optimizer's ``learning_rate`` becomes a
+    variable the strategies place like a model weight, so one worker's
+    learning-rate schedule changes every worker's, and nothing else of it is
+    tested. Called where a strategy creates a variable (rare: never per
+    step), it looks for a tf-keras frame among its callers.
+    """
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    for _ in range(depth):
+        if frame is None:
+            return
+        module = frame.f_globals.get("__name__", "")
+        if module == "tf_keras" or module.startswith("tf_keras."):
+            legacy = os.environ.get("TF_USE_LEGACY_KERAS", "")
+            raise ConfigError(
+                "tfdist supports Keras 3 (`import keras`) only, and this model is built with tf-keras "
+                f"(Keras 2: {'TF_USE_LEGACY_KERAS=' + legacy if legacy else 'import tf_keras'}). Under tfdist "
+                "its optimizer's learning rate would be shared between workers like a weight. Unset "
+                "TF_USE_LEGACY_KERAS and build the model with `keras` (Keras 3); README \"Keras 3 only\"."
+            )
+        frame = frame.f_back

@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist._tf_compat import OneDeviceExtended, in_xla_compilation, keras_variable_owner
+from tfdist._tf_compat import OneDeviceExtended, in_xla_compilation, keras_variable_owner, refuse_legacy_keras
 from tfdist.errors import ConfigError
 from tfdist.strategies._input_context import with_input_context, worker_input_context
 from tfdist.strategies._ps_runtime import STAT_NAMES, PSRuntime
@@ -51,6 +51,7 @@ class ParameterServerExtended(OneDeviceExtended):
         return super()._distribute_datasets_from_function(with_input_context(dataset_fn, context), options)
 
     def _create_variable(self, next_creator, **kwargs):
+        refuse_legacy_keras()
         name = str(kwargs.get("name") or "")
         on_ps = self._runtime.wants(name, kwargs)
         var = super()._create_variable(next_creator, **kwargs)

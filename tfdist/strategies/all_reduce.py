@@ -35,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfdist._tf_compat import OneDeviceExtended, StrategyBase, in_xla_compilation
+from tfdist._tf_compat import OneDeviceExtended, StrategyBase, in_xla_compilation, refuse_legacy_keras
 from tfdist.collective import DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup, get_worker_group
 from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError
@@ -174,6 +174,7 @@ class AllReduceExtended(OneDeviceExtended):
         return super()._distribute_datasets_from_function(with_input_context(dataset_fn, context), options)
 
     def _create_variable(self, next_creator, **kwargs):
+        refuse_legacy_keras()
         var = super()._create_variable(next_creator, **kwargs)
         if _is_training_state(str(kwargs.get("name") or ""), kwargs):
             self._runtime.variables.append(var)
