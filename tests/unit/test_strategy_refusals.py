@@ -55,7 +55,10 @@ def test_a_tf_keras_model_is_refused_clearly(how):
     import subprocess
     import sys
 
-    pytest.importorskip("tf_keras")  # a test dependency (setup.py "test" extras)
+    import importlib.util
+
+    if importlib.util.find_spec("tf_keras") is None:  # a test dependency (setup.py "test" extras)
+        pytest.skip("tf-keras is not installed (pip install -e .[test])")
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFDIST_CONFIG", "TF_USE_LEGACY_KERAS")}
     if how.startswith("TF_USE"):
         env["TF_USE_LEGACY_KERAS"] = "1"
