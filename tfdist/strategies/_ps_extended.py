@@ -97,7 +97,12 @@ class ParameterServerExtended(OneDeviceExtended):
         trace["training"] = self._tracing_training_step
         if not (trace["training"] and runtime.variables):
             return result
-        stats = runtime.build_end_of_step(result)
+        # The end of the step reads every variable: after the begin op's pull too. (A variable the step
+        # does not write, e.g. Normalization's statistics, is otherwise read whenever TF likes, possibly
+        # before a pull wrote the job's values into it: that worker then pushed "initial - job's" as an
+        # update, which made a DTSSP job's variance negative and its steps NaN.)
+        with tf.control_dependencies([began]):
+            stats = runtime.build_end_of_step(result)
         if isinstance(result, dict):
             result = dict(result)
             stats = tf.ensure_shape(stats, [len(STAT_NAMES)])

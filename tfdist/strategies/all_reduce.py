@@ -35,10 +35,12 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfdist._tf_compat import OneDeviceExtended, StrategyBase, in_xla_compilation, refuse_legacy_keras
+from tfdist._tf_compat import (OneDeviceExtended, StrategyBase, in_xla_compilation, keras_variable_owner,
+                               refuse_legacy_keras)
 from tfdist.collective import DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup, get_worker_group
 from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError
+from tfdist.strategies._derived_state import DerivedStateLayers
 from tfdist.strategies._input_context import with_input_context, worker_input_context
 from tfdist.straggler.membership import Participation, ParticipationEngine
 from tfdist.testing.slowdown import ENV_SLOWDOWN, Slowdown, slowdown_from_env
@@ -72,6 +74,8 @@ class _AllReduceRuntime(ParticipationEngine):
         self.timeout_s = float(timeout_s)
         self.members: frozenset[int] = frozenset(range(self.size))
         self.variables: list[tf.Variable] = []
+        #: Layers computing with tensors derived from their variables (Normalization): kept in step after a resync.
+        self.derived = DerivedStateLayers()
         self.step = 0  # training steps begun, members or not (the same count on every worker)
         self.stats = {"steps": 0, "skipped": 0, "partial_steps": 0, "resyncs": 0, "resync_s": 0.0, "wait_s": 0.0}
         self._lock = threading.Lock()
@@ -90,6 +94,12 @@ class _AllReduceRuntime(ParticipationEngine):
         if not training:
             return True
         step, self.step = self.step, self.step + 1
+        if step == 0 and self.size > 1 and len(self.members) > 1:
+            # Every member starts from worker 0's training state, as the PS strategies start from the
+            # chief's: weights it loaded or statistics it adapted alone reach everyone, and the workers
+            # need not seed their initialisers alike.
+            source = min(self.members)
+            self.resync(source, self.members - {source})
         self._wait = 0.0
         self._reduce_start = None
         if self.worker_id not in self.members:
@@ -150,6 +160,8 @@ class _AllReduceRuntime(ParticipationEngine):
                 for v, n in zip(variables, sizes):
                     v.assign(values[offset:offset + n].reshape(v.shape))
                     offset += n
+        if self.worker_id != source:
+            self.derived.refresh()
         self.stats["resyncs"] += 1
         self.stats["resync_s"] += time.perf_counter() - start
         logger.info("worker %d: training state of worker %d copied to %s (%d variables, %.3f s)", self.worker_id,
@@ -176,8 +188,11 @@ class AllReduceExtended(OneDeviceExtended):
     def _create_variable(self, next_creator, **kwargs):
         refuse_legacy_keras()
         var = super()._create_variable(next_creator, **kwargs)
-        if _is_training_state(str(kwargs.get("name") or ""), kwargs):
+        if not self._runtime.derived.creating_mirror() and _is_training_state(str(kwargs.get("name") or ""), kwargs):
             self._runtime.variables.append(var)
+            owner = keras_variable_owner()
+            if owner is not None:
+                self._runtime.derived.track(owner, var)
         return var
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):

@@ -1,0 +1,89 @@
+"""The Keras features users rely on, under every tfdist strategy, on real processes (issue #15's matrix).
+
+One ``LocalCluster`` (2 workers, 5 PS tasks) serves the whole matrix: each
+worker process runs ``AllReduceStrategy`` and then the five PS modes one after
+the other, each PS mode on a job of its own (one PS task each), and reports
+every case (``scripts/keras_matrix_worker.py``). Each case is asserted here
+per mode, so a failure names the mode, the worker and the case.
+"""
+
+import json
+import math
+import os
+
+import pytest
+
+from tfdist.testing import LocalCluster
+
+pytestmark = pytest.mark.timeout(600)
+
+MODES = ["all_reduce", "async", "ssp", "dtssp", "bsp", "sync_replicas"]
+STEPS, EPOCHS, LR = 6, 3, 1e-2
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    from tfdist.testing import LocalCluster  # noqa: F811
+
+    root = tmp_path_factory.mktemp("keras-matrix")
+    out = root / "out"
+    out.mkdir()
+    here = os.path.dirname(os.path.abspath(__file__))
+    with LocalCluster(workers=2, ps=len(MODES) - 1, log_dir=str(root / "logs")) as cluster:
+        cluster.start(os.path.join(here, "scripts", "keras_matrix_worker.py"), ["--out", str(out)])
+        try:
+            cluster.wait(480)
+        finally:
+            logs = {t: cluster.log(t)[-4000:] for t in ("worker:0", "worker:1")}
+    results = {}
+    for mode in MODES:
+        for me in (0, 1):
+            path = out / f"{mode}-worker-{me}.json"
+            results[mode, me] = json.loads(path.read_text()) if path.exists() else {"error": "no result", **logs}
+    return results
+
+
+def _ok(matrix, mode, me):
+    r = matrix[mode, me]
+    assert "error" not in r, f"{mode} on worker {me}: {r.get('error')}\n{r.get('traceback', '')}"
+    return r["cases"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("me", [0, 1])
+def test_every_input_type_trains(matrix, mode, me):
+    cases = _ok(matrix, mode, me)
+    for name in ("numpy", "tf_data_steps", "py_dataset", "datasets_from_function"):
+        assert cases[name]["epochs"] == 1 and all(math.isfinite(v) for v in cases[name]["loss"]), (name, cases[name])
+    ctx = cases["input_context"]
+    assert ctx["pipelines"] == 2 and ctx["id"] == me, ctx  # every worker its own shard
+    replicas = 2 if mode in ("all_reduce", "bsp", "sync_replicas") else 1
+    assert ctx["per_replica_batch"] == 64 // replicas, ctx
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("me", [0, 1])
+def test_the_common_callbacks_work(matrix, mode, me):
+    cb = _ok(matrix, mode, me)["callbacks"]
+    assert cb["epochs"] == EPOCHS
+    # EarlyStopping restored the best epoch's weights and predict kept them: they equal ModelCheckpoint's best
+    assert cb["best_epoch"] == min(range(EPOCHS), key=lambda e: cb["val_loss"][e])
+    assert cb["best_equals_restored"] < 1e-5, cb
+    assert not cb["backup_left"]  # BackupAndRestore removes its backup after a finished fit
+    assert cb["tensorboard_events"] >= 1
+    assert cb["csv_rows"] == EPOCHS and "val_loss" in cb["csv_header"]
+    # LearningRateScheduler (x0.9 at every epoch start) and ReduceLROnPlateau (x0.5 at every epoch end but the first)
+    assert cb["lr_seen"][0] == pytest.approx(LR, rel=1e-5)
+    assert cb["final_lr"] == pytest.approx(LR * 0.9 ** EPOCHS * 0.5 ** (EPOCHS - 1), rel=1e-4), cb
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_round_trips_and_preprocessing(matrix, mode):
+    chief, other = _ok(matrix, mode, 0)["round_trips"], _ok(matrix, mode, 1)["round_trips"]
+    for r in (chief, other):
+        assert r["predict_shape"] == [359, 10]  # the digits test split
+        assert r["save_load_max_diff"] < 1e-5, r
+        assert r["loaded_accuracy"] == pytest.approx(r["accuracy"], abs=1e-6)
+        assert r["accuracy"] > 0.6, r
+    # only the chief adapted Normalization; the other worker computes with the chief's statistics
+    assert chief["norm_matches_data"] and other["norm_matches_data"], (chief["norm_mean"], other["norm_mean"])
