@@ -616,7 +616,7 @@ class LaunchConfig:
             "--queue", "shuffle"]``; the launcher adds ``--port``/``--host``.
         slowdown: Tasks to slow down on purpose (experiments), e.g.
             ``{"worker:2": {"factor": 3, "schedule": "first_half",
-            "steps_per_epoch": 40}}``; see ``tfdist.testing.Slowdown``.
+            "steps_per_epoch": 40}}``; see ``tfdist.slowdown.Slowdown``.
         threads_per_task: TensorFlow intra-op threads of each training task
             (chief, worker, evaluator) of a *local* launch, where all tasks
             share one machine's cores. ``"auto"`` (the default) divides the
@@ -697,7 +697,7 @@ class LaunchConfig:
                 parse_task(task)
             except ConfigError as e:
                 raise ConfigError(f"Invalid config field `launch.slowdown`: {e}") from None
-            from tfdist.testing.slowdown import Slowdown
+            from tfdist.slowdown import Slowdown
 
             if not isinstance(spec, Mapping):
                 raise _fail(f"launch.slowdown.{task}", spec, 'Give its settings as a mapping, e.g. {"factor": 3}.')

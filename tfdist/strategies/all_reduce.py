@@ -41,7 +41,7 @@ from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError
 from tfdist.strategies._input_context import with_input_context, worker_input_context
 from tfdist.straggler.membership import Participation, ParticipationEngine
-from tfdist.testing.slowdown import ENV_SLOWDOWN, Slowdown, slowdown_from_env
+from tfdist.slowdown import ENV_SLOWDOWN, Slowdown, slowdown_from_env
 
 __all__ = ["AllReduceStrategy"]
 
@@ -303,7 +303,7 @@ class AllReduceStrategy(StrategyBase):
         timeout_s: Timeout of every collective (gradient all-reduce,
             re-admission broadcast). Defaults to the group's timeout (30 s).
         slowdown: Emulated slowness of this worker (tests, benchmarks): a
-            :class:`tfdist.testing.Slowdown` or any object with
+            :class:`tfdist.slowdown.Slowdown` or any object with
             ``sleep_for(step, compute_s) -> seconds``, slept at the start of
             every step this worker computes. Defaults to this task's entry of
             ``TFDIST_SLOWDOWN``, if any.
