@@ -42,7 +42,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "tfdist-launch=tfdist.cluster.launch:main",
+            "tfdist-launch=tfdist.launch:main",
         ]
     },
     classifiers=[

@@ -1,4 +1,4 @@
-"""Cluster roles, TF_CONFIG, local processes, the launcher and Kubernetes manifests."""
+"""Cluster roles, local task processes and Kubernetes manifests (the launch CLI above them is :mod:`tfdist.launch`)."""
 
 from tfdist.cluster.failure import FailureAction, FailureDecision, decide_worker_failure
 from tfdist.cluster.k8s import dump_yaml, kubeflow_tfjob, kubernetes_jobs, token_secret
