@@ -517,13 +517,12 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
 
 
 def _training_tasks_in_tf_config() -> int:
-    import json
+    """Training tasks of the job this process belongs to (0 without a cluster or with an unreadable one)."""
+    from tfdist.cluster.resolver import resolve_cluster
+    from tfdist.errors import ConfigError
 
-    raw = os.environ.get(constants.ENV_TF_CONFIG)
-    if not raw:
-        return 0
     try:
-        cluster = json.loads(raw).get("cluster", {})
-    except (ValueError, AttributeError):
+        resolved = resolve_cluster()
+    except ConfigError:
         return 0
-    return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+    return 0 if resolved.is_single_process else resolved.num_workers

@@ -15,7 +15,8 @@ import signal
 import sys
 
 from tfdist import constants
-from tfdist.config import JobConfig, TaskSpec, load_config, parse_task
+from tfdist.cluster.resolver import resolve_cluster
+from tfdist.config import JobConfig, TaskSpec
 from tfdist.errors import ConfigError, TfdistError
 from tfdist.ps.server import PSServer, load_tls_server_credentials
 
@@ -90,14 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        if args.config:
-            config = load_config(args.config)
-            task = parse_task(args.task or "ps:0")
-        else:
-            config, task = JobConfig.from_tf_config()
-            if args.task:
-                task = parse_task(args.task)
-        return serve(config, task, port=args.port)
+        task = args.task or ("ps:0" if args.config and not os.environ.get(constants.ENV_TF_CONFIG) else None)
+        resolved = resolve_cluster(task=task, config=args.config, required=True)
+        return serve(resolved.config, resolved.task, port=args.port)
     except TfdistError as e:
         logger.error("%s", e)
         return 2

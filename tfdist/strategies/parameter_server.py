@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 from tfdist import constants
 from tfdist._tf_compat import StrategyBase
-from tfdist.config import ClusterConfig, JobConfig, TaskSpec, load_config, parse_task
+from tfdist.cluster.resolver import resolve_cluster
+from tfdist.config import ClusterConfig, JobConfig, TaskSpec
 from tfdist.consistency import ConsistencyPolicy, make_policy, policy_from_spec
 from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError
@@ -46,39 +47,10 @@ __all__ = ["ParameterServerStrategy", "SyncReplicasStrategy", "BSPStrategy", "SS
 
 logger = logging.getLogger(__name__)
 
-def _resolve(
-    cluster, task, config
-) -> tuple[JobConfig, TaskSpec | None]:
-    """Explicit arguments first, then TF_CONFIG / TFDIST_CONFIG, else no cluster."""
-    if isinstance(config, (str, os.PathLike)):
-        config = load_config(config)
-    elif isinstance(config, Mapping):
-        config = JobConfig.from_dict(config)
-    env_config = os.environ.get(constants.ENV_CONFIG)
-    if config is None and env_config:
-        config = JobConfig.from_json(env_config)
-    if isinstance(task, str):
-        task = parse_task(task)
-    if cluster is not None:
-        config = config or JobConfig()
-        if isinstance(cluster, ClusterConfig):
-            config.cluster = cluster
-        else:
-            config.cluster = ClusterConfig.from_cluster_spec(cluster)
-        if task is None:
-            raise ConfigError(
-                "A cluster was given without the task this process runs. Pass task='worker:0' "
-                "(or 'chief:0', 'ps:0', ...) to ParameterServerStrategy."
-            )
-        return config, task
-    if os.environ.get(constants.ENV_TF_CONFIG):
-        tf_config_cfg, tf_task = JobConfig.from_tf_config()
-        base = config or tf_config_cfg
-        base.cluster = tf_config_cfg.cluster
-        return base, task or tf_task
-    if config is not None and task is not None:
-        return config, task
-    return config or JobConfig(), None
+def _resolve(cluster, task, config) -> tuple[JobConfig, TaskSpec | None]:
+    """The job config and this task (``None``: no cluster), from :func:`tfdist.cluster.resolve_cluster`."""
+    resolved = resolve_cluster(cluster, task, config)
+    return resolved.config, resolved.task
 
 
 class ParameterServerStrategy(StrategyBase):
