@@ -252,7 +252,7 @@ class PSRuntime:
         self.keras_optimizer = optimizer
 
     def _table_specs(self) -> list[TableSpec]:
-        from tfdist.layers import row_optimizer_spec
+        from tfdist.strategies._row_optimizer import row_optimizer_spec
 
         specs = []
         for key, (name, rows, dim, initializer, optimizer, seed) in self._tables.items():
