@@ -67,7 +67,7 @@ def test_bad_tf_config_is_refused():
 
 
 def test_call_sites_resolve_the_same_way(monkeypatch):
-    from tfdist.callbacks.straggler_detector import _training_tasks_in_tf_config
+    from tfdist.collective.group import _training_tasks as _training_tasks_in_tf_config
     from tfdist.ps.__main__ import main as ps_main
     from tfdist.strategies.parameter_server import _resolve
 

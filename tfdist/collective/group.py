@@ -25,7 +25,6 @@ broken and later calls raise immediately.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Mapping, Sequence
@@ -315,9 +314,39 @@ def _first_line(e: Exception) -> str:
     return (lines[0] if lines else type(e).__name__)[:400]
 
 
-def get_worker_group() -> WorkerGroup | None:
-    """The group :func:`init_worker_group` set up in this process, or ``None``."""
-    return _group
+def get_worker_group(*, required_by: str | None = None) -> WorkerGroup | None:
+    """The group :func:`init_worker_group` set up in this process, or ``None``.
+
+    Args:
+        required_by: Who needs the group (named in the error). When given and
+            this process set up no group although its job has several training
+            tasks, raise instead of returning ``None``. Defaults to ``None``.
+
+    Raises:
+        CollectiveSetupError: ``required_by`` and a multi-worker job without a group.
+    """
+    if _group is not None or required_by is None:
+        return _group
+    training = _training_tasks()
+    if training > 1:
+        raise CollectiveSetupError(
+            f"TF_CONFIG lists {training} training tasks but this process has no worker group, so the "
+            "workers cannot exchange their times. Call tfdist.collective.init_worker_group() at the top of "
+            f"the training script (before any TensorFlow op), or pass group=... to {required_by}."
+        )
+    return None
+
+
+def _training_tasks() -> int:
+    """Training tasks of the job this process belongs to (0 without a cluster or with an unreadable one)."""
+    from tfdist.cluster.resolver import resolve_cluster
+    from tfdist.errors import ConfigError
+
+    try:
+        resolved = resolve_cluster()
+    except ConfigError:
+        return 0
+    return 0 if resolved.is_single_process else resolved.num_workers
 
 
 def init_worker_group(
