@@ -14,7 +14,7 @@ from typing import Any, Callable
 import keras
 
 from tfdist.collective.errors import CollectiveError
-from tfdist.collective.group import get_worker_group
+from tfdist.collective import get_worker_group
 from tfdist.straggler import (
     DynamicThresholdConfig,
     EwmaConfig,
@@ -29,6 +29,11 @@ from tfdist.straggler.exchange import LocalTimingGroup
 __all__ = ["StragglerDetector"]
 
 _ON_FAILURE = ("report", "raise")
+#: Attributes of the callback that live on its :class:`~tfdist.straggler.StragglerMonitor`.
+_MONITOR_ATTRIBUTES = frozenset({
+    "history", "events", "group", "engine", "threshold_detector", "ewma_detector", "threshold_config",
+    "ewma_config", "exchange_every", "timeout_s", "log_path", "record_iterations", "warmup_iterations",
+})
 
 
 class StragglerDetector(keras.callbacks.Callback, StragglerListener):
@@ -119,6 +124,8 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
 
     Attributes:
         history: :class:`tfdist.straggler.StragglerHistory`.
+        monitor: The :class:`tfdist.straggler.StragglerMonitor` doing the work
+            (``group``, ``engine``, the detectors and the settings read through).
     """
 
     def __init__(
@@ -162,8 +169,8 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
         self._group_arg, self._engine_arg = group, engine
         self._t0: float | None = None
 
-    def __getattr__(self, name: str):  # settings and state live on the monitor (history, group, engine, ...)
-        if name != "monitor" and "monitor" in self.__dict__ and hasattr(self.monitor, name):
+    def __getattr__(self, name: str):  # the settings and state the monitor holds, read through
+        if name in _MONITOR_ATTRIBUTES and "monitor" in self.__dict__:
             return getattr(self.monitor, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 

@@ -1,7 +1,10 @@
 """Runs one parameter-server task: ``python -m tfdist.ps [--task ps:0] [--config FILE] [--port P]``.
 
 Without arguments the task and cluster come from ``TFDIST_CONFIG`` and
-``TF_CONFIG`` (set by ``tfdist.launch``); the token from ``TFDIST_TOKEN``.
+``TF_CONFIG`` (set by ``tfdist.launch``), resolved by
+:func:`tfdist.cluster.resolve_cluster` (``TF_CONFIG``'s cluster and task win
+over ``--config``'s; ``--config`` alone serves ``ps:0``); the token from
+``TFDIST_TOKEN``.
 The process stops when every training worker has said it is done, on a
 ``Shutdown`` call, or on SIGTERM/SIGINT.
 """
@@ -91,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        task = args.task or ("ps:0" if args.config and not os.environ.get(constants.ENV_TF_CONFIG) else None)
-        resolved = resolve_cluster(task=task, config=args.config, required=True)
+        resolved = resolve_cluster(task=args.task, config=args.config, required=not args.config)
+        if resolved.task is None:  # --config without --task or TF_CONFIG: this process is ps:0
+            resolved = resolve_cluster(task="ps:0", config=resolved.config)
         return serve(resolved.config, resolved.task, port=args.port)
     except TfdistError as e:
         logger.error("%s", e)
