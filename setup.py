@@ -43,7 +43,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "tfdist-launch=tfdist.cluster.launch:main",
+            "tfdist-launch=tfdist.launch:main",
         ]
     },
     classifiers=[

@@ -616,7 +616,7 @@ class LaunchConfig:
             "--queue", "shuffle"]``; the launcher adds ``--port``/``--host``.
         slowdown: Tasks to slow down on purpose (experiments), e.g.
             ``{"worker:2": {"factor": 3, "schedule": "first_half",
-            "steps_per_epoch": 40}}``; see ``tfdist.testing.Slowdown``.
+            "steps_per_epoch": 40}}``; see ``tfdist.slowdown.Slowdown``.
         threads_per_task: TensorFlow intra-op threads of each training task
             (chief, worker, evaluator) of a *local* launch, where all tasks
             share one machine's cores. ``"auto"`` (the default) divides the
@@ -697,7 +697,7 @@ class LaunchConfig:
                 parse_task(task)
             except ConfigError as e:
                 raise ConfigError(f"Invalid config field `launch.slowdown`: {e}") from None
-            from tfdist.testing.slowdown import Slowdown
+            from tfdist.slowdown import Slowdown
 
             if not isinstance(spec, Mapping):
                 raise _fail(f"launch.slowdown.{task}", spec, 'Give its settings as a mapping, e.g. {"factor": 3}.')
@@ -993,12 +993,23 @@ class JobConfig:
         return {"cluster": jobs, "task": {"type": task.job, "index": task.index}}
 
     @classmethod
-    def from_tf_config(cls, tf_config: str | Mapping[str, Any] | None = None) -> tuple["JobConfig", TaskSpec]:
+    def from_tf_config(
+        cls, tf_config: str | Mapping[str, Any] | None = None, *, base: "JobConfig | None" = None
+    ) -> tuple["JobConfig", TaskSpec]:
         """Reads ``TF_CONFIG`` (the argument, else the environment variable).
+
+        The ``TF_CONFIG`` format only; which cluster a process belongs to is
+        decided by :func:`tfdist.cluster.resolve_cluster`, which calls this.
+
+        Args:
+            tf_config: ``TF_CONFIG`` as JSON text or a mapping. Defaults to the
+                environment variable.
+            base: The config whose cluster is replaced by ``TF_CONFIG``'s.
+                Defaults to ``TFDIST_CONFIG``, else the defaults.
 
         Returns:
             ``(config, task)``; options other than the cluster keep defaults
-            unless ``TFDIST_CONFIG`` is also set.
+            unless ``base`` is given or ``TFDIST_CONFIG`` is also set.
         """
         if tf_config is None:
             tf_config = os.environ.get(constants.ENV_TF_CONFIG)
@@ -1017,8 +1028,10 @@ class JobConfig:
                 'TF_CONFIG needs a "cluster" field, e.g. {"cluster": {"worker": [...], '
                 f'"ps": [...]}}, "task": {{"type": "worker", "index": 0}}}}. Received: {tf_config!r}.'
             )
-        base = os.environ.get(constants.ENV_CONFIG)
-        config = cls.from_json(base) if base else cls()
+        if base is None:
+            options = os.environ.get(constants.ENV_CONFIG)
+            base = cls.from_json(options) if options else cls()
+        config = base
         config.cluster = ClusterConfig.from_cluster_spec(tf_config["cluster"])
         task_info = tf_config.get("task") or {}
         task = TaskSpec(task_info.get("type", "worker"), int(task_info.get("index", 0)))

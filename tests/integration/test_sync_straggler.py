@@ -30,6 +30,9 @@ def test_bsp_stops_waiting_for_a_detected_straggler_and_readmits_it(tmp_path, sc
     recovered_at = next(i for kind, w, i in results[0]["events"] if kind == "recovered")
     assert recovered_at > detected_at
     assert chief[-1][1] == []  # re-admitted by the end
+    # one worker (the lowest member, the chief) tells the PS of each change: not every worker, not every event twice
+    changes = len(results[0]["events"])  # without EWMA every event changes the flagged set
+    assert results[0]["ps_stats"]["set_excluded"] == changes, (results[0]["ps_stats"], results[0]["events"])
     # no divergence: at every global step several workers reached, their states are identical
     by_step = {}
     for r in results:

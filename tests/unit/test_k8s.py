@@ -11,7 +11,7 @@ import yaml
 
 from tfdist import constants
 from tfdist.cluster import k8s
-from tfdist.cluster.launch import main
+from tfdist.launch import main
 from tfdist.config import JobConfig, TaskSpec, load_config
 from tfdist.errors import ConfigError
 
@@ -383,7 +383,7 @@ def _emit(capsys, *args):
 
 def test_cli_emit_kubeflow_prints_parseable_yaml():
     """The command as a user types it, in a fresh interpreter: YAML on stdout, exit 0, no TensorFlow imported."""
-    code = ("import sys; from tfdist.cluster.launch import main; rc = main(sys.argv[1:]); "
+    code = ("import sys; from tfdist.launch import main; rc = main(sys.argv[1:]); "
             "assert 'tensorflow' not in sys.modules, 'the launcher imported TensorFlow'; sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code, "--config", "configs/multi_machine.yaml", "--emit", "kubeflow",
                         "--image", "x"], cwd=ROOT, capture_output=True, text=True, timeout=60,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tfdist.testing.slowdown import Slowdown, slowdown_from_env
+from tfdist.slowdown import Slowdown, slowdown_from_env
 
 
 def test_factor_and_delay():

@@ -1,101 +1,72 @@
 """Keras callback: measure every iteration, exchange times across workers, detect stragglers.
 
-A thin shell (STYLE habit 8) over :mod:`tfdist.straggler` (the rules) and
-:mod:`tfdist.collective` (the exchange).
+A thin shell (STYLE habit 8) over :class:`tfdist.straggler.StragglerMonitor`
+(exchange, detectors, participation, records) and :mod:`tfdist.collective`
+(the worker group).
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import os
-import pickle
 import time
 from typing import Any, Callable
 
 import keras
-import numpy as np
 
-from tfdist import constants
-from tfdist.collective.errors import CollectiveError, CollectiveSetupError
+from tfdist.collective.errors import CollectiveError
+from tfdist.collective import get_worker_group
 from tfdist.straggler import (
     DynamicThresholdConfig,
-    DynamicThresholdDetector,
-    EventDispatcher,
     EwmaConfig,
-    EwmaDetector,
     ExchangeFailure,
+    StragglerEngine,
     StragglerEvent,
-    StragglerHistory,
     StragglerListener,
+    StragglerMonitor,
 )
-from tfdist.straggler.membership import Participation, ParticipationEngine, plan_members
-from tfdist.straggler.verdicts import json_ready
-from tfdist.callbacks.verdict_log import JsonLinesLog
+from tfdist.straggler.exchange import LocalTimingGroup
 
 __all__ = ["StragglerDetector"]
 
-logger = logging.getLogger(__name__)
-
 _ON_FAILURE = ("report", "raise")
-
-
-class _LocalGroup:
-    """The group of a single process: collectives return the input."""
-
-    size = 1
-    worker_id = 0
-
-    def all_gather(self, values, timeout_s=None):
-        return np.asarray(values, dtype=np.float64)[None, :]
+#: Attributes of the callback that live on its :class:`~tfdist.straggler.StragglerMonitor`.
+_MONITOR_ATTRIBUTES = frozenset({
+    "history", "events", "group", "engine", "threshold_detector", "ewma_detector", "threshold_config",
+    "ewma_config", "exchange_every", "timeout_s", "log_path", "record_iterations", "warmup_iterations",
+})
 
 
 class StragglerDetector(keras.callbacks.Callback, StragglerListener):
     """Detects straggling workers during ``model.fit`` and tells whoever listens.
 
-    On every worker the callback measures each training iteration (from
-    ``on_train_batch_begin`` to ``on_train_batch_end``: the step, gradient
-    exchange included), gathers all workers' times with a TF collective
-    (every call with a timeout), and feeds them to two pure detectors, so all
-    workers reach the same verdicts:
+    On every worker the callback times each training iteration (its own
+    compute: the time a tfdist strategy reports blocked on peers,
+    ``last_step_wait_seconds``, is subtracted), gathers all workers' times
+    with a TF collective (every call with a timeout) and feeds two pure
+    detectors, so all workers reach the same verdicts: the dynamic threshold
+    (``factor`` x mean fastest time of the first ``profile_iterations``
+    iterations of each epoch, a counter bounded to ``[0, limit]``) and, with
+    ``ewma``, persistent stragglers (EWMA of throughput / median below
+    ``ewma_threshold``). The work is done by a framework-free
+    :class:`~tfdist.straggler.StragglerMonitor`.
 
-    * :class:`~tfdist.straggler.DynamicThresholdDetector` — per epoch,
-      threshold = ``factor`` x mean fastest time of the first
-      ``profile_iterations`` iterations; a counter per worker bounded to
-      ``[0, limit]``; a straggler at ``limit``.
-    * :class:`~tfdist.straggler.EwmaDetector` (``ewma=True``) — persistent
-      stragglers: EWMA of throughput / median throughput below
-      ``ewma_threshold``.
-
-    Verdicts go to :attr:`history`, to the epoch logs (so ``History``,
-    ``TensorBoard`` and the progress bar get them; put this callback before
-    ``TensorBoard`` in the list), to an optional JSON-lines file, and to the
-    hooks :meth:`on_straggler_detected` / :meth:`on_straggler_recovered`
-    (override them, pass callables, or :meth:`subscribe` a
-    :class:`~tfdist.straggler.StragglerListener`, e.g. a strategy).
-
-    Epoch log keys: ``straggler_threshold`` (seconds), ``straggler_limit``,
-    ``straggler_count``, ``straggler_detections``, ``straggler_recoveries``,
-    ``straggler_counter_w{i}`` per worker and, with ``ewma``,
-    ``persistent_straggler_count``.
-
-    **Partial all-reduce.** Under a strategy that offers a
-    :class:`~tfdist.straggler.ParticipationEngine` as ``straggler_engine``
-    (``tfdist.AllReduceStrategy``), the callback also decides, at every
-    iteration boundary and identically on every worker, who takes part in the
-    next iteration (:func:`~tfdist.straggler.plan_members`): stragglers are
-    left out, and everybody takes part again in the first
-    ``profile_iterations`` of each epoch. Times are then exchanged among the
-    members only, so nobody waits for a worker that is out; a re-admitted
-    worker first receives the detectors' state and (from the engine) the
-    training state of the lowest-id member. Each worker's time is its own
-    compute: the time it waited for peers in the engine's all-reduce is
-    subtracted.
+    Verdicts go to :attr:`history`, to the epoch logs (``straggler_threshold``,
+    ``straggler_limit``, ``straggler_count``, ``straggler_detections``,
+    ``straggler_recoveries``, ``straggler_counter_w{i}``,
+    ``persistent_straggler_count``; put this callback before ``TensorBoard``),
+    to an optional JSON-lines file, to the hooks :meth:`on_straggler_detected`
+    / :meth:`on_straggler_recovered` (override them, pass callables, or
+    :meth:`subscribe` a :class:`~tfdist.straggler.StragglerListener`), and to
+    the strategy's ``straggler_engine`` (a :class:`~tfdist.straggler.StragglerEngine`,
+    found through ``model.distribute_strategy``): the parameter-server
+    strategies stop waiting for flagged workers (one worker tells the
+    parameter servers), ``tfdist.AllReduceStrategy`` leaves them out of its
+    all-reduce until the next epoch's profiling iterations (see
+    docs/straggler_detection.md).
 
     In a multi-worker job call :func:`tfdist.collective.init_worker_group`
     at the top of the script on every training task. Every worker must run
-    the same number of iterations per epoch (one collective per
-    ``exchange_every`` iterations and one at each epoch end).
+    the same number of iterations per epoch.
 
     Example:
 
@@ -147,12 +118,14 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
             epoch's threshold. Defaults to 1.
         on_straggler_detected: Callable ``hook(worker, info)``.
         on_straggler_recovered: Callable ``hook(worker, info)``.
-        engine: The :class:`~tfdist.straggler.ParticipationEngine` to drive.
+        engine: The :class:`~tfdist.straggler.StragglerEngine` to drive.
             Defaults to ``model.distribute_strategy.straggler_engine`` if the
             strategy has one, else none.
 
     Attributes:
         history: :class:`tfdist.straggler.StragglerHistory`.
+        monitor: The :class:`tfdist.straggler.StragglerMonitor` doing the work
+            (``group``, ``engine``, the detectors and the settings read through).
     """
 
     def __init__(
@@ -175,53 +148,36 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
         warmup_iterations: int = 1,
         on_straggler_detected: Callable[[int, StragglerEvent], None] | None = None,
         on_straggler_recovered: Callable[[int, StragglerEvent], None] | None = None,
-        engine: ParticipationEngine | None = None,
+        engine: StragglerEngine | None = None,
     ):
         super().__init__()
-        self.threshold_config = DynamicThresholdConfig(
-            profile_iterations=profile_iterations, factor=factor, limit=limit,
-            limit_fraction=limit_fraction, min_limit=min_limit,
-        )
-        self.ewma_config = EwmaConfig(alpha=ewma_alpha, threshold=ewma_threshold, window=ewma_window) if ewma else None
-        if isinstance(exchange_every, bool) or not isinstance(exchange_every, int) or exchange_every < 1:
-            raise ValueError(f"`exchange_every` must be an integer >= 1. Received: exchange_every={exchange_every!r}.")
+        threshold_config = DynamicThresholdConfig(profile_iterations=profile_iterations, factor=factor, limit=limit,
+                                                  limit_fraction=limit_fraction, min_limit=min_limit)
+        ewma_config = EwmaConfig(alpha=ewma_alpha, threshold=ewma_threshold, window=ewma_window) if ewma else None
         if on_failure not in _ON_FAILURE:
             raise ValueError(f"`on_failure` must be one of {list(_ON_FAILURE)}. Received: on_failure={on_failure!r}.")
-        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
-            raise ValueError(f"`timeout_s` must be a positive number of seconds. Received: timeout_s={timeout_s!r}.")
-        if isinstance(warmup_iterations, bool) or not isinstance(warmup_iterations, int) or warmup_iterations < 0:
-            raise ValueError(
-                f"`warmup_iterations` must be an integer >= 0. Received: warmup_iterations={warmup_iterations!r}."
-            )
-        self.warmup_iterations = warmup_iterations
-        self.exchange_every = exchange_every
         self.on_failure = on_failure
-        self.timeout_s = timeout_s
-        self.log_path = None if log_path is None else os.fspath(log_path)
-        self.record_iterations = record_iterations
-        self.history = StragglerHistory()
-        self.events = EventDispatcher()
-        self.events.subscribe(self)  # the overridable hooks below
+        self.monitor = StragglerMonitor(
+            threshold_config, ewma_config, exchange_every=exchange_every, timeout_s=timeout_s,
+            log_path=None if log_path is None else os.fspath(log_path), record_iterations=record_iterations,
+            warmup_iterations=warmup_iterations, error_class=CollectiveError,
+            on_failed=lambda failure: self.on_exchange_failed(failure), raise_on_failure=on_failure == "raise",
+        )
+        self.monitor.events.subscribe(self)  # the overridable hooks below
         if on_straggler_detected is not None or on_straggler_recovered is not None:
-            self.events.subscribe(on_detected=on_straggler_detected, on_recovered=on_straggler_recovered)
-        self._group_arg = group
-        self.group = None
-        self.threshold_detector: DynamicThresholdDetector | None = None
-        self.ewma_detector: EwmaDetector | None = None
-        self._log: JsonLinesLog | None = None
-        self._pending: list[float] = []
+            self.monitor.events.subscribe(on_detected=on_straggler_detected, on_recovered=on_straggler_recovered)
+        self._group_arg, self._engine_arg = group, engine
         self._t0: float | None = None
-        self._epoch = 0
-        self._disabled = False
-        self._warmup_left = warmup_iterations
-        self._engine_arg = engine
-        self.engine: ParticipationEngine | None = None
-        self._members: frozenset[int] = frozenset()
+
+    def __getattr__(self, name: str):  # the settings and state the monitor holds, read through
+        if name in _MONITOR_ATTRIBUTES and "monitor" in self.__dict__:
+            return getattr(self.monitor, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------ public API
     def subscribe(self, listener: StragglerListener | None = None, **hooks) -> StragglerListener:
-        """Adds a listener (e.g. a strategy) or ``on_detected=`` / ``on_recovered=`` callables."""
-        return self.events.subscribe(listener, **hooks)
+        """Adds a listener or ``on_detected=`` / ``on_recovered=`` callables."""
+        return self.monitor.events.subscribe(listener, **hooks)
 
     def on_straggler_detected(self, worker: int, info: StragglerEvent) -> None:
         """Called on every worker when ``worker`` becomes a straggler. Override to act."""
@@ -235,17 +191,17 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
     @property
     def stragglers(self) -> frozenset[int]:
         """Workers the dynamic-threshold rule classifies as stragglers now (same on every worker)."""
-        return self.threshold_detector.stragglers if self.threshold_detector else frozenset()
+        return self.monitor.stragglers
 
     @property
     def persistent_stragglers(self) -> frozenset[int]:
         """Workers the EWMA rule classifies as persistent stragglers now."""
-        return self.ewma_detector.stragglers if self.ewma_detector else frozenset()
+        return self.monitor.persistent_stragglers
 
     def excluded(self) -> frozenset[int]:
-        """Workers a strategy may leave out of the next iteration (stragglers, except during the
-        first ``profile_iterations`` of an epoch, when everyone takes part so recovery is seen)."""
-        return self.threshold_detector.excluded() if self.threshold_detector and self.active else frozenset()
+        """Workers a strategy may leave out of the next iteration (stragglers, except in an epoch's profiling
+        iterations, when everyone takes part so recovery is seen)."""
+        return self.monitor.excluded()
 
     @property
     def members(self) -> frozenset[int]:
@@ -253,277 +209,40 @@ class StragglerDetector(keras.callbacks.Callback, StragglerListener):
 
         On a worker that is out, the others it lists may be out of date; it
         learns the true members when it is re-admitted."""
-        return self._members
+        return self.monitor.members
 
     @property
     def active(self) -> bool:
         """Whether detection is running (``False`` after a failed exchange)."""
-        return not self._disabled
+        return self.monitor.active
 
     # ------------------------------------------------------------ Keras hooks
     def on_train_begin(self, logs=None):
-        self.group = self._resolve_group()
-        n = self.group.size
-        self.threshold_detector = DynamicThresholdDetector(n, self.threshold_config)
-        self.ewma_detector = EwmaDetector(n, self.ewma_config) if self.ewma_config else None
-        self._disabled = False
-        self._pending = []
-        self._warmup_left = self.warmup_iterations
-        self._members = frozenset(range(n))
-        self.engine = self._resolve_engine()
-        if self._excluding and self.exchange_every != 1:
-            raise ValueError(
-                "A strategy that leaves stragglers out needs the times of every iteration to decide the next "
-                f"one's members. Received: exchange_every={self.exchange_every}. Use exchange_every=1."
-            )
-        if self.log_path and self._log is None:
-            if "{worker}" in self.log_path:
-                self._log = JsonLinesLog(self.log_path.format(worker=self.group.worker_id))
-            elif self.group.worker_id == 0:
-                self._log = JsonLinesLog(self.log_path)
-        self._write({
-            "type": "config", "time": time.time(), "worker": self.group.worker_id, "num_workers": n,
-            "dynamic_threshold": self.threshold_config.to_dict(),
-            "ewma": self.ewma_config.to_dict() if self.ewma_config else None,
-            "exchange_every": self.exchange_every, "timeout_s": self._timeout(),
-            "warmup_iterations": self.warmup_iterations,
-        })
-        logger.info(
-            "StragglerDetector on worker %d of %d: %s, ewma=%s, exchange_every=%d, timeout_s=%s, log=%s",
-            self.group.worker_id, n, self.threshold_config, self.ewma_config, self.exchange_every,
-            self._timeout(), self.log_path,
-        )
+        strategy = getattr(self.model, "distribute_strategy", None) if self.model is not None else None
+        engine = self._engine_arg if self._engine_arg is not None else getattr(strategy, "straggler_engine", None)
+        group = self._group_arg if self._group_arg is not None else get_worker_group(required_by="StragglerDetector")
+        self.monitor.start(group if group is not None else LocalTimingGroup(), engine)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = int(epoch)
-        self._pending = []
-        steps = (self.params or {}).get("steps")
-        if self.threshold_detector is not None:
-            self.threshold_detector.start_epoch(self._epoch, iterations=steps)
-        if self.ewma_detector is not None:
-            self.ewma_detector.start_epoch(self._epoch)
+        self.monitor.start_epoch(epoch, (self.params or {}).get("steps"))
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._excluding and not self._disabled:
-            self._begin_participation()
+        self.monitor.begin_iteration()
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         if self._t0 is None:
             return
-        elapsed = time.perf_counter() - self._t0
-        # Time the worker's own work, not the wait for others (sync strategies
-        # make every worker as slow as the slowest otherwise): tfdist
-        # strategies report how long the step was blocked on the exchange.
+        # Time the worker's own work, not the wait for others (sync strategies make every worker as slow as the
+        # slowest otherwise): tfdist strategies report how long the step was blocked on the exchange.
         blocked = getattr(getattr(self.model, "distribute_strategy", None), "last_step_wait_seconds", 0.0)
-        self._pending.append(max(elapsed - float(blocked or 0.0), 0.0))
+        self.monitor.end_iteration(time.perf_counter() - self._t0 - float(blocked or 0.0))
         self._t0 = None
-        if self._warmup_left > 0:  # the same iterations on every worker: nothing to exchange
-            self._warmup_left -= 1
-            self._pending.pop()
-            if not self._disabled:  # counted (steps stay Keras iterations), observed as "nobody took part"
-                self._observe([None] * self.group.size, time.time())
-            return
-        if self.group.worker_id not in self._members:  # left out: nothing computed, nothing to exchange
-            self._pending = []
-            if not self._disabled:
-                self._observe([None] * self.group.size, time.time())
-            return
-        if len(self._pending) >= self.exchange_every:
-            self._exchange()
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._pending:
-            self._exchange()
-        det = self.threshold_detector
-        if det is None:
-            return
-        summary = det.end_epoch()
-        self.history.epochs.append(summary)
-        record = {"type": "epoch", "time": time.time(), **summary.to_dict(), "active": self.active}
-        if self.ewma_detector is not None:
-            record["ewma"] = list(self.ewma_detector.ewma)
-            record["persistent_stragglers"] = sorted(self.ewma_detector.stragglers)
-        self._write(record)
+        entries = self.monitor.end_epoch()
         if logs is not None:
-            logs["straggler_threshold"] = float("nan") if summary.threshold is None else summary.threshold
-            logs["straggler_limit"] = summary.limit
-            logs["straggler_count"] = len(summary.stragglers)
-            logs["straggler_detections"] = summary.detections
-            logs["straggler_recoveries"] = summary.recoveries
-            for w, c in enumerate(summary.counters):
-                logs[f"straggler_counter_w{w}"] = c
-            if self.ewma_detector is not None:
-                logs["persistent_straggler_count"] = len(self.ewma_detector.stragglers)
+            logs.update(entries)
 
     def on_train_end(self, logs=None):
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    # -------------------------------------------------------------- internals
-    def _timeout(self) -> float | None:
-        return self.timeout_s if self.timeout_s is not None else getattr(self.group, "timeout_s", None)
-
-    @property
-    def _excluding(self) -> bool:
-        return bool(self.engine is not None and self.engine.exclude_stragglers and self.group is not None
-                    and self.group.size > 1)
-
-    def _resolve_engine(self) -> ParticipationEngine | None:
-        if self._engine_arg is not None:
-            return self._engine_arg
-        strategy = getattr(self.model, "distribute_strategy", None) if self.model is not None else None
-        return getattr(strategy, "straggler_engine", None)
-
-    def _begin_participation(self) -> None:
-        """Decides the members of the coming iteration; re-admits workers (state sync) when needed."""
-        n, me = self.group.size, self.group.worker_id
-        det = self.threshold_detector
-        step = det.step
-        excluded = det.excluded()
-        members = plan_members(n, self._members, excluded)
-        previous = self._members
-        if not members - previous:
-            participation = Participation(step=step, members=members, left=previous - members)
-        else:
-            # Re-admission. Only the members of the last iteration know exactly who they were (a worker
-            # that was out may have missed later exclusions), so everyone says whether it took part.
-            try:
-                flags = self.group.all_gather([1.0 if me in previous else 0.0], timeout_s=self.timeout_s,
-                                              members=members if len(members) < n else None)
-                ids = sorted(members)
-                previous = frozenset(w for w, f in zip(ids, flags[:, 0]) if f > 0) or frozenset(ids[:1])
-                source = min(previous)
-                state = None
-                if me == source:
-                    state = pickle.dumps({"threshold": det.state_dict(),
-                                          "ewma": self.ewma_detector.state_dict() if self.ewma_detector else None})
-                state = pickle.loads(self.group.broadcast_bytes(
-                    state, source, members if len(members) < n else None, timeout_s=self.timeout_s))
-            except CollectiveError as e:
-                self._failed(e, step)
-                return
-            det.load_state_dict(state["threshold"])
-            if self.ewma_detector is not None and state["ewma"] is not None:
-                self.ewma_detector.load_state_dict(state["ewma"])
-            participation = Participation(step=step, members=members, joined=members - previous,
-                                          left=previous - members, source=source)
-        self.engine.begin_iteration(participation)
-        if participation.joined or participation.left:
-            self.history.participation.append(participation)
-            self._write({"type": "participation", "time": time.time(), **participation.to_dict()})
-            logger.info("iteration %d: members %s (joined %s from worker %s, left %s)", step,
-                        sorted(participation.members), sorted(participation.joined), participation.source,
-                        sorted(participation.left))
-        self._members = participation.members
-
-    def _resolve_group(self):
-        if self._group_arg is not None:
-            return self._group_arg
-        from tfdist.collective import get_worker_group
-
-        group = get_worker_group()
-        if group is not None:
-            return group
-        training = _training_tasks_in_tf_config()
-        if training > 1:
-            raise CollectiveSetupError(
-                f"TF_CONFIG lists {training} training tasks but this process has no worker group, so the "
-                "workers cannot exchange their times. Call tfdist.collective.init_worker_group() at the top of "
-                "the training script (before any TensorFlow op), or pass group=... to StragglerDetector."
-            )
-        return _LocalGroup()
-
-    def _exchange(self) -> None:
-        times, self._pending = self._pending, []
-        if self._disabled:
-            return
-        k = self.exchange_every
-        payload = np.full(2 + k, np.nan)
-        payload[0], payload[1] = self._epoch, len(times)
-        payload[2:2 + len(times)] = times
-        step = self.threshold_detector.step if self.threshold_detector else 0
-        n = self.group.size
-        partial = self._excluding and len(self._members) < n
-        try:
-            if partial:
-                table = np.asarray(self.group.all_gather(payload, timeout_s=self.timeout_s, members=self._members))
-            else:
-                table = np.asarray(self.group.all_gather(payload, timeout_s=self.timeout_s))
-        except CollectiveError as e:
-            self._failed(e, step)
-            return
-        epochs, counts = table[:, 0], table[:, 1]
-        if not (np.all(epochs == self._epoch) and np.all(counts == counts[0])):
-            self._failed(CollectiveError(
-                f"Workers are out of step: epochs {epochs.tolist()}, iterations per exchange {counts.tolist()}. "
-                "Every worker must run the same number of iterations per epoch (give fit() steps_per_epoch, or "
-                "shard the data equally)."
-            ), step)
-            return
-        now = time.time()
-        rows = table[:, 2:2 + int(counts[0])].T  # [iterations, workers (members)]
-        if partial:  # the workers that were out did not take part
-            full = np.full((rows.shape[0], n), np.nan)
-            full[:, sorted(self._members)] = rows
-            rows = full
-        for row in rows:
-            self._observe([None if math.isnan(t) else float(t) for t in row], now)
-
-    def _observe(self, times: list[float | None], now: float) -> None:
-        verdict = self.threshold_detector.observe(times, now=now)
-        events = list(verdict.events)
-        if verdict.threshold_set:
-            self._write({"type": "threshold", "time": now, "epoch": verdict.epoch, "iteration": verdict.iteration,
-                         "step": verdict.step, "threshold": verdict.threshold, "limit": self.threshold_detector.limit})
-        if self.ewma_detector is not None:
-            ev = self.ewma_detector.observe_times(times, now=now)
-            events += ev.events
-            if ev.updated and self.record_iterations:
-                self.history.ewma.append(ev.ewma)
-        if self.record_iterations:
-            self.history.times.append(tuple(times))
-            self.history.counters.append(verdict.counters)
-        for e in events:
-            self.history.events.append(e)
-            self._write({"type": "event", **e.to_dict()})
-            logger.warning(
-                "straggler %s: worker %d (%s) at epoch %d iteration %d: value %.4g vs threshold %.4g%s",
-                e.kind.value, e.worker, e.detector.value, e.epoch, e.iteration, e.value, e.threshold,
-                "" if e.counter is None else f", counter {e.counter}/{e.limit}",
-            )
-        self.events.dispatch(events)
-
-    def _failed(self, error: CollectiveError, step: int) -> None:
-        failure = ExchangeFailure(
-            epoch=self._epoch, step=step, time=time.time(), error=type(error).__name__,
-            message=str(error), peers=tuple(getattr(error, "peers", ())),
-        )
-        self.history.failures.append(failure)
-        self._disabled = True
-        self._write({"type": "failure", **failure.to_dict()})
-        logger.error(
-            "StragglerDetector: the timing exchange failed at epoch %d step %d; straggler detection stops on "
-            "this worker (training goes on unless on_failure='raise'). %s", self._epoch, step, error,
-        )
-        self.on_exchange_failed(failure)
-        if self.on_failure == "raise":
-            raise error
-
-    def _write(self, record: dict[str, Any]) -> None:
-        if self._log is not None:
-            self._log.write(json_ready(record))
-
-
-def _training_tasks_in_tf_config() -> int:
-    import json
-
-    raw = os.environ.get(constants.ENV_TF_CONFIG)
-    if not raw:
-        return 0
-    try:
-        cluster = json.loads(raw).get("cluster", {})
-    except (ValueError, AttributeError):
-        return 0
-    return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+        self.monitor.close()

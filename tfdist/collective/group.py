@@ -25,7 +25,6 @@ broken and later calls raise immediately.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Mapping, Sequence
@@ -315,9 +314,39 @@ def _first_line(e: Exception) -> str:
     return (lines[0] if lines else type(e).__name__)[:400]
 
 
-def get_worker_group() -> WorkerGroup | None:
-    """The group :func:`init_worker_group` set up in this process, or ``None``."""
-    return _group
+def get_worker_group(*, required_by: str | None = None) -> WorkerGroup | None:
+    """The group :func:`init_worker_group` set up in this process, or ``None``.
+
+    Args:
+        required_by: Who needs the group (named in the error). When given and
+            this process set up no group although its job has several training
+            tasks, raise instead of returning ``None``. Defaults to ``None``.
+
+    Raises:
+        CollectiveSetupError: ``required_by`` and a multi-worker job without a group.
+    """
+    if _group is not None or required_by is None:
+        return _group
+    training = _training_tasks()
+    if training > 1:
+        raise CollectiveSetupError(
+            f"TF_CONFIG lists {training} training tasks but this process has no worker group, so the "
+            "workers cannot exchange their times. Call tfdist.collective.init_worker_group() at the top of "
+            f"the training script (before any TensorFlow op), or pass group=... to {required_by}."
+        )
+    return None
+
+
+def _training_tasks() -> int:
+    """Training tasks of the job this process belongs to (0 without a cluster or with an unreadable one)."""
+    from tfdist.cluster.resolver import resolve_cluster
+    from tfdist.errors import ConfigError
+
+    try:
+        resolved = resolve_cluster()
+    except ConfigError:
+        return 0
+    return 0 if resolved.is_single_process else resolved.num_workers
 
 
 def init_worker_group(
@@ -366,34 +395,27 @@ def init_worker_group(
             was set up before with other settings, or the addresses are wrong.
     """
     global _group
-    from tfdist.config import ClusterConfig, JobConfig, TaskSpec, parse_task
+    from tfdist.cluster.resolver import resolve_cluster
+    from tfdist.errors import ConfigError
 
     for name, value in (("timeout_s", timeout_s), ("startup_timeout_s", startup_timeout_s),
                         ("heartbeat_timeout_s", heartbeat_timeout_s), ("shutdown_timeout_s", shutdown_timeout_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise CollectiveSetupError(f"`{name}` must be a positive number of seconds. Received: {name}={value!r}.")
-    if cluster is None:
-        if not os.environ.get(constants.ENV_TF_CONFIG):
-            logger.info("no TF_CONFIG: no worker group (single process)")
-            return None
-        config, env_task = JobConfig.from_tf_config()
-        jobs = config.cluster.jobs()
-        task = task if task is not None else env_task
-    else:
-        if isinstance(cluster, ClusterConfig):
-            jobs = cluster.jobs()
-        elif hasattr(cluster, "as_dict"):
-            jobs = {j: list(t.values()) if isinstance(t, dict) else list(t) for j, t in cluster.as_dict().items()}
-        else:
-            jobs = {j: list(t) for j, t in dict(cluster).items()}
-        if task is None:
-            raise CollectiveSetupError("A cluster was given without the task of this process. Pass task='worker:0'.")
-    task = parse_task(task) if isinstance(task, str) else task
-    if not isinstance(task, TaskSpec):
-        raise CollectiveSetupError(f"`task` must be 'job:index' or a TaskSpec. Received: task={task!r}.")
+    try:
+        resolved = resolve_cluster(cluster, task)
+    except ConfigError as e:
+        if cluster is None and task is None:  # TF_CONFIG itself is wrong: the config error says how
+            raise
+        raise CollectiveSetupError(str(e)) from None  # the arguments are wrong
+    task = resolved.task
+    if task is None:
+        logger.info("no cluster (no TF_CONFIG): no worker group (single process)")
+        return None
     if task.job not in ("chief", "worker"):
         logger.info("task %s is not a training task: it joins no worker group", task)
         return None
+    jobs = resolved.config.cluster.jobs()
     spec = resolve_group(jobs, task.job, task.index, addresses=addresses, port_offset=port_offset)
 
     with _lock:

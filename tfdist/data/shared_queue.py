@@ -116,9 +116,9 @@ class SharedQueue:
         Example:
             >>> ds = SharedQueue.from_cluster().as_dataset(batch_size=64)
         """
-        from tfdist.config import JobConfig
+        from tfdist.cluster.resolver import resolve_cluster
 
-        config, _ = JobConfig.from_tf_config()
+        config = resolve_cluster(required=True).config
         if index >= len(config.cluster.input):
             raise ConfigError(
                 f"The cluster has {len(config.cluster.input)} input task(s); there is no input:{index}. "

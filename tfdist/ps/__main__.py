@@ -1,7 +1,10 @@
 """Runs one parameter-server task: ``python -m tfdist.ps [--task ps:0] [--config FILE] [--port P]``.
 
 Without arguments the task and cluster come from ``TFDIST_CONFIG`` and
-``TF_CONFIG`` (set by ``tfdist.launch``); the token from ``TFDIST_TOKEN``.
+``TF_CONFIG`` (set by ``tfdist.launch``), resolved by
+:func:`tfdist.cluster.resolve_cluster` (``TF_CONFIG``'s cluster and task win
+over ``--config``'s; ``--config`` alone serves ``ps:0``); the token from
+``TFDIST_TOKEN``.
 The process stops when every training worker has said it is done, on a
 ``Shutdown`` call, or on SIGTERM/SIGINT.
 """
@@ -15,7 +18,8 @@ import signal
 import sys
 
 from tfdist import constants
-from tfdist.config import JobConfig, TaskSpec, load_config, parse_task
+from tfdist.cluster.resolver import resolve_cluster
+from tfdist.config import JobConfig, TaskSpec
 from tfdist.errors import ConfigError, TfdistError
 from tfdist.ps.server import PSServer, load_tls_server_credentials
 
@@ -90,14 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        if args.config:
-            config = load_config(args.config)
-            task = parse_task(args.task or "ps:0")
-        else:
-            config, task = JobConfig.from_tf_config()
-            if args.task:
-                task = parse_task(args.task)
-        return serve(config, task, port=args.port)
+        resolved = resolve_cluster(task=args.task, config=args.config, required=not args.config)
+        if resolved.task is None:  # --config without --task or TF_CONFIG: this process is ps:0
+            resolved = resolve_cluster(task="ps:0", config=resolved.config)
+        return serve(resolved.config, resolved.task, port=args.port)
     except TfdistError as e:
         logger.error("%s", e)
         return 2

@@ -198,6 +198,7 @@ class ParameterStore:
         self.stats = {
             "pushes": 0, "pulls": 0, "dropped": 0, "bytes_in": 0, "bytes_out": 0,
             "waits": 0, "aggregations": 0, "gradients_aggregated": 0, "state_writes": 0, "row_pushes": 0,
+            "set_excluded": 0,
         }
 
     # ---------------------------------------------------------------- init
@@ -925,6 +926,7 @@ class ParameterStore:
             for w in sorted(new):
                 self._check_member(w)
             self._touch(worker)
+            self.stats["set_excluded"] += 1
             if new != self.excluded:
                 logger.info("stragglers excluded from barriers: %s (reported by worker %d)", sorted(new), worker)
             self.excluded = new

@@ -4,8 +4,10 @@ The policy half of partial all-reduce (STYLE habit 2): :func:`plan_members`
 turns the dynamic-threshold detector's ``excluded()`` set into the members
 of the next iteration, and :class:`Participation` is the typed decision an
 engine (e.g. ``tfdist.AllReduceStrategy``) carries out.
-:class:`ParticipationEngine` is the small interface such an engine offers
-the :class:`tfdist.callbacks.StragglerDetector` callback.
+:class:`StragglerEngine` (also named ``ParticipationEngine``) is the small
+interface every strategy offers the :class:`tfdist.callbacks.StragglerDetector`
+callback to act on verdicts, and :func:`reporter` picks the one worker that
+reports them to shared services.
 
 The rule (seed paper 000, §4.2: stragglers are left out, and take part again
 in the first ``n`` iterations of every epoch so recovery can be seen):
@@ -35,7 +37,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["Participation", "ParticipationEngine", "plan_members", "plan_participation"]
+from tfdist.straggler.verdicts import EventKind, StragglerEvent
+
+__all__ = ["Participation", "ParticipationEngine", "StragglerEngine", "flagged_after", "plan_members",
+           "plan_participation", "reporter"]
 
 
 def plan_members(num_workers: int, previous: Iterable[int], excluded: Iterable[int]) -> frozenset[int]:
@@ -87,18 +92,24 @@ def plan_participation(
                          source=(kept[0] if kept else None) if joined else None)
 
 
-class ParticipationEngine:
-    """What :class:`tfdist.callbacks.StragglerDetector` needs from an engine that leaves workers out.
+class StragglerEngine:
+    """What a strategy offers :class:`tfdist.callbacks.StragglerDetector` to act on its verdicts.
 
-    A strategy exposes one as its ``straggler_engine`` attribute; the callback
-    finds it through ``model.distribute_strategy`` (or takes ``engine=``).
+    Both strategy families implement it and expose it the same way, as the
+    strategy's ``straggler_engine`` attribute; the callback finds it through
+    ``model.distribute_strategy`` (or takes ``engine=``), so nothing is wired
+    by hand. ``tfdist.AllReduceStrategy`` leaves stragglers out of its
+    all-reduce (:meth:`begin_iteration`); the parameter-server strategies tell
+    the parameter servers not to wait for them (:meth:`set_stragglers`).
     (Independently, a tfdist strategy reports the seconds its last step was
     blocked on peers as ``last_step_wait_seconds``; the callback subtracts
     them so a worker's time is its own compute.)
 
     Attributes:
-        exclude_stragglers: Whether the engine leaves excluded workers out.
-            When ``False`` the callback leaves membership alone.
+        exclude_stragglers: Whether the engine leaves excluded workers out of
+            iterations (partial all-reduce); then the callback decides every
+            iteration's members and calls :meth:`begin_iteration`. When
+            ``False`` the callback leaves membership alone.
     """
 
     exclude_stragglers: bool = False
@@ -110,3 +121,37 @@ class ParticipationEngine:
         join, every worker in ``{source} | joined`` must copy the source's
         training state here (a collective among exactly those workers).
         """
+
+    def set_stragglers(self, stragglers: frozenset[int], report: bool) -> None:
+        """Called on every worker when the verdicts change the set of workers currently flagged as stragglers.
+
+        Args:
+            stragglers: Workers detected (by any detector) and not recovered since.
+            report: ``True`` on exactly one worker, the reporter (:func:`reporter`):
+                only it tells services the workers share, such as the
+                parameter servers, so they hear each change once.
+        """
+
+
+#: The engine interface under its first name (partial all-reduce was its first user).
+ParticipationEngine = StragglerEngine
+
+
+def reporter(members: Iterable[int]) -> int:
+    """The one worker that reports verdicts to shared services: the lowest-id member of the iteration.
+
+    >>> reporter(frozenset({3, 1, 2}))
+    1
+    """
+    return min(members)
+
+
+def flagged_after(flagged: Iterable[int], events: Iterable[StragglerEvent]) -> frozenset[int]:
+    """The flagged set after ``events`` (in order): a detection adds its worker, a recovery removes it."""
+    out = set(flagged)
+    for event in events:
+        if event.kind is EventKind.DETECTED:
+            out.add(event.worker)
+        else:
+            out.discard(event.worker)
+    return frozenset(out)

@@ -41,7 +41,7 @@ from tfdist.ps.protocol import CheckpointRequest
 from tfdist.ps.sparse import TableSpec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.strategies._derived_state import DerivedStateLayers
-from tfdist.testing.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
+from tfdist.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
 
 __all__ = ["PSRuntime", "UpdatePathRuntime", "GradientPathRuntime", "VariableRegistry", "make_runtime",
            "STAT_NAMES", "default_variable_filter"]
@@ -297,7 +297,7 @@ class PSRuntime:
         self.keras_optimizer = optimizer
 
     def _table_specs(self) -> list[TableSpec]:
-        from tfdist.layers import row_optimizer_spec
+        from tfdist.strategies._row_optimizer import row_optimizer_spec
 
         specs = []
         for key, (name, rows, dim, initializer, optimizer, seed) in self._tables.items():

@@ -42,8 +42,8 @@ from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError
 from tfdist.strategies._derived_state import DerivedStateLayers
 from tfdist.strategies._input_context import with_input_context, worker_input_context
-from tfdist.straggler.membership import Participation, ParticipationEngine
-from tfdist.testing.slowdown import ENV_SLOWDOWN, Slowdown, slowdown_from_env
+from tfdist.straggler.membership import Participation, StragglerEngine
+from tfdist.slowdown import ENV_SLOWDOWN, Slowdown, slowdown_from_env
 
 __all__ = ["AllReduceStrategy"]
 
@@ -62,7 +62,7 @@ def _is_training_state(name: str, kwargs: dict) -> bool:
     return kwargs.get("aggregation", tf.VariableAggregation.NONE) in _SYNCED_AGGREGATIONS
 
 
-class _AllReduceRuntime(ParticipationEngine):
+class _AllReduceRuntime(StragglerEngine):
     """Host-side state read by the graph (through ``tf.py_function``) and driven by the callback."""
 
     def __init__(self, group: WorkerGroup, exclude_stragglers: bool, slowdown: Any, timeout_s: float):
@@ -319,7 +319,7 @@ class AllReduceStrategy(StrategyBase):
         timeout_s: Timeout of every collective (gradient all-reduce,
             re-admission broadcast). Defaults to the group's timeout (30 s).
         slowdown: Emulated slowness of this worker (tests, benchmarks): a
-            :class:`tfdist.testing.Slowdown` or any object with
+            :class:`tfdist.slowdown.Slowdown` or any object with
             ``sleep_for(step, compute_s) -> seconds``, slept at the start of
             every step this worker computes. Defaults to this task's entry of
             ``TFDIST_SLOWDOWN``, if any.
@@ -362,7 +362,7 @@ class AllReduceStrategy(StrategyBase):
                     group.worker_id, group.size, exclude_stragglers, self._runtime.timeout_s, slowdown)
 
     @property
-    def straggler_engine(self) -> ParticipationEngine:
+    def straggler_engine(self) -> StragglerEngine:
         """What :class:`tfdist.callbacks.StragglerDetector` drives (found through ``model.distribute_strategy``)."""
         return self._runtime
 

@@ -33,11 +33,14 @@ from typing import Any, Callable, Iterator, Mapping
 
 from tfdist import constants
 from tfdist._tf_compat import StrategyBase
-from tfdist.config import ClusterConfig, JobConfig, TaskSpec, load_config, parse_task
+from tfdist.cluster.resolver import resolve_cluster
+from tfdist.config import ClusterConfig, JobConfig, TaskSpec
 from tfdist.consistency import ConsistencyPolicy, make_policy, policy_from_spec
 from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError
 from tfdist.ps.placement import PlacementPlan
+from tfdist.straggler.events import StragglerListener
+from tfdist.straggler.membership import StragglerEngine
 from tfdist.strategies._ps_extended import ParameterServerExtended
 from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter, make_runtime
 
@@ -46,39 +49,10 @@ __all__ = ["ParameterServerStrategy", "SyncReplicasStrategy", "BSPStrategy", "SS
 
 logger = logging.getLogger(__name__)
 
-def _resolve(
-    cluster, task, config
-) -> tuple[JobConfig, TaskSpec | None]:
-    """Explicit arguments first, then TF_CONFIG / TFDIST_CONFIG, else no cluster."""
-    if isinstance(config, (str, os.PathLike)):
-        config = load_config(config)
-    elif isinstance(config, Mapping):
-        config = JobConfig.from_dict(config)
-    env_config = os.environ.get(constants.ENV_CONFIG)
-    if config is None and env_config:
-        config = JobConfig.from_json(env_config)
-    if isinstance(task, str):
-        task = parse_task(task)
-    if cluster is not None:
-        config = config or JobConfig()
-        if isinstance(cluster, ClusterConfig):
-            config.cluster = cluster
-        else:
-            config.cluster = ClusterConfig.from_cluster_spec(cluster)
-        if task is None:
-            raise ConfigError(
-                "A cluster was given without the task this process runs. Pass task='worker:0' "
-                "(or 'chief:0', 'ps:0', ...) to ParameterServerStrategy."
-            )
-        return config, task
-    if os.environ.get(constants.ENV_TF_CONFIG):
-        tf_config_cfg, tf_task = JobConfig.from_tf_config()
-        base = config or tf_config_cfg
-        base.cluster = tf_config_cfg.cluster
-        return base, task or tf_task
-    if config is not None and task is not None:
-        return config, task
-    return config or JobConfig(), None
+def _resolve(cluster, task, config) -> tuple[JobConfig, TaskSpec | None]:
+    """The job config and this task (``None``: no cluster), from :func:`tfdist.cluster.resolve_cluster`."""
+    resolved = resolve_cluster(cluster, task, config)
+    return resolved.config, resolved.task
 
 
 class ParameterServerStrategy(StrategyBase):
@@ -160,6 +134,7 @@ class ParameterServerStrategy(StrategyBase):
             config.ps.partition_threshold_bytes = partition_threshold_bytes
         config.ps.__post_init__()
         self._local_server = None
+        self._straggler_engine: StragglerEngine | None = None
         if task is not None and not config.cluster.ps:
             raise ConfigError(
                 "Invalid config field `cluster.ps`. Received: cluster.ps=[]. "
@@ -348,18 +323,32 @@ class ParameterServerStrategy(StrategyBase):
         """
         self._runtime.ensure_session().set_excluded(workers)
 
-    def straggler_listener(self):
-        """A listener for :class:`tfdist.callbacks.StragglerDetector` that acts on its verdicts.
+    @property
+    def straggler_engine(self) -> StragglerEngine:
+        """What :class:`tfdist.callbacks.StragglerDetector` drives (found through ``model.distribute_strategy``).
 
-        Example:
+        When the detector's verdicts change the flagged workers, one worker
+        (the lowest-id member) tells every PS task, through
+        :meth:`exclude_workers`, to stop waiting for them.
+        """
+        if self._straggler_engine is None:
+            self._straggler_engine = _ExcludeStragglers(self)
+        return self._straggler_engine
+
+    def straggler_listener(self) -> StragglerListener:
+        """Kept for old scripts: the detector now finds :attr:`straggler_engine` by itself.
+
+        The listener returned does nothing, so scripts that still subscribe it
+        keep working and the parameter servers hear each change once.
+
+        Example (no longer needed):
 
         ```python
         detector = tfdist.callbacks.StragglerDetector()
         detector.subscribe(strategy.straggler_listener())
-        model.fit(ds, callbacks=[detector])
         ```
         """
-        return _ExcludeStragglers(self)
+        return StragglerListener()
 
     @property
     def stop_reason(self) -> str | None:
@@ -455,26 +444,19 @@ def _arm_exit_watchdog() -> None:
         faulthandler.dump_traceback_later(seconds, exit=True)
 
 
-class _ExcludeStragglers:
-    """Straggler-detector listener: keeps the PS's excluded set equal to the detected stragglers."""
+class _ExcludeStragglers(StragglerEngine):
+    """The PS strategies' straggler engine: the reporting worker keeps the PS's excluded set equal to the flagged one."""
 
     def __init__(self, strategy: ParameterServerStrategy):
         self._strategy = strategy
-        self.excluded: set[int] = set()
 
-    def _send(self) -> None:
+    def set_stragglers(self, stragglers: frozenset[int], report: bool) -> None:
+        if not report:
+            return
         try:
-            self._strategy.exclude_workers(self.excluded)
+            self._strategy.exclude_workers(stragglers)
         except Exception as e:  # acting on a verdict must never break training
-            logger.warning("could not tell the parameter servers about stragglers %s: %s", sorted(self.excluded), e)
-
-    def on_straggler_detected(self, worker, info) -> None:
-        self.excluded.add(int(worker))
-        self._send()
-
-    def on_straggler_recovered(self, worker, info) -> None:
-        self.excluded.discard(int(worker))
-        self._send()
+            logger.warning("could not tell the parameter servers about stragglers %s: %s", sorted(stragglers), e)
 
 
 #: Placeholder address of the single worker in in-process mode (never dialled).

@@ -32,7 +32,7 @@ __all__ = ["LocalCluster", "NetnsCluster", "Host", "Slowdown", "SlowdownCallback
 
 def __getattr__(name):  # the Keras callback imports keras; load it only when asked
     if name in ("Slowdown", "SlowdownCallback", "ENV_SLOWDOWN", "slowdown_from_env"):
-        from tfdist.testing import slowdown
+        from tfdist import slowdown  # the injector is part of the runtime; re-exported here
 
         return getattr(slowdown, name)
     raise AttributeError(name)

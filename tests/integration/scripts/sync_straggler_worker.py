@@ -1,5 +1,8 @@
 """BSP + StragglerDetector: the detected straggler stops being waited for, then is re-admitted.
 
+The detector finds the strategy's straggler engine itself (worker 1 also
+subscribes the old ``straggler_listener()``, which must add nothing).
+
 Every worker sleeps ``--base-sleep`` per step (emulated compute); worker
 ``--slow-worker`` sleeps ``--delay`` more during steps [slow_from, slow_until).
 Records, per step: PS global step, the PS's excluded set, the state hash.
@@ -67,12 +70,14 @@ def main():
             self.step += 1
 
     detector = StragglerDetector(profile_iterations=3, factor=2.0, limit=2, ewma=False, timeout_s=30)
-    detector.subscribe(strategy.straggler_listener())
+    if wid == 1:  # old scripts wired the strategy by hand; it is found by itself now and this adds no sender
+        detector.subscribe(strategy.straggler_listener())
     detector.subscribe(on_detected=lambda w, info: events.append(["detected", w, len(records)]),
                        on_recovered=lambda w, info: events.append(["recovered", w, len(records)]))
     model.fit(x, y, batch_size=32, epochs=args.epochs, shuffle=False, verbose=2, callbacks=[detector, Emulate()])
     with open(os.path.join(args.out, f"worker-{wid}.json"), "w") as f:
-        json.dump({"worker_id": wid, "records": records, "events": events, "sync_stats": strategy.sync_stats}, f)
+        json.dump({"worker_id": wid, "records": records, "events": events, "sync_stats": strategy.sync_stats,
+                   "ps_stats": strategy.ps_status()[0]["stats"]}, f)
     print(f"worker {wid} done", flush=True)
 
 
