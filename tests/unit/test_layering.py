@@ -17,7 +17,8 @@ import tfdist
 
 #: Bottom first. Keep README "Architecture" in step with it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("tfdist.constants", "tfdist.errors", "tfdist._tf_compat", "tfdist.datasets")),
+    ("foundation", ("tfdist.constants", "tfdist.errors")),
+    ("TF compatibility and datasets", ("tfdist._tf_compat", "tfdist.datasets")),
     ("encoding", ("tfdist.auth", "tfdist.wire")),
     ("transport", ("tfdist.grpc_service",)),
     ("pure policies and the slowdown injector", ("tfdist.consistency", "tfdist.straggler", "tfdist.slowdown")),
