@@ -49,13 +49,33 @@ def network_available(timeout: float = 3.0) -> bool:
         return False
 
 
-def load_digits(test_fraction: float = 0.2, seed: int = 0) -> ImageData:
-    """scikit-learn's bundled 8×8 digits, split per class with a fixed seed."""
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(images (1797, 8, 8), labels) of scikit-learn's bundled digits.
+
+    Read straight from the file scikit-learn ships (``datasets/data/digits.csv.gz``,
+    the one its ``load_digits`` reads), located without importing scikit-learn:
+    that import costs every worker process about a second. Falls back to
+    ``sklearn.datasets.load_digits`` if the file is not where it should be.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = os.path.join(root, "datasets", "data", "digits.csv.gz")
+        if os.path.exists(path):
+            data = np.loadtxt(path, delimiter=",")
+            return data[:, :-1].reshape(-1, 8, 8), data[:, -1]
     from sklearn.datasets import load_digits as _load
 
     d = _load()
-    x = (d.images.astype("float32") / 16.0)[..., None]
-    y = d.target.astype("int64")
+    return d.images, d.target
+
+
+def load_digits(test_fraction: float = 0.2, seed: int = 0) -> ImageData:
+    """scikit-learn's bundled 8×8 digits, split per class with a fixed seed."""
+    images, target = _digits_arrays()
+    x = (images.astype("float32") / 16.0)[..., None]
+    y = target.astype("int64")
     rng = np.random.default_rng(seed)
     test_idx = []
     for c in np.unique(y):
