@@ -74,6 +74,9 @@ def _run_job(tmp_path, order, argv_of, env_of, train_timeout=150, end_timeout=20
                 p.kill()
 
 
+# The same job across emulated hosts runs in the default suite (test_multihost.py, as root, as CI runs it);
+# these two on 127.0.0.1 run with RUN_SLOW=1 (.ci/run's second command).
+@pytest.mark.slow
 def test_tf_config_job_with_two_ps_and_an_evaluator_ends_by_itself(tmp_path):
     """The example script on every task of a TF_CONFIG job (chief, worker, 2 ps, evaluator)."""
     cluster = _cluster({"chief": 1, "worker": 1, "ps": 2, "evaluator": 1})
@@ -96,6 +99,7 @@ def test_tf_config_job_with_two_ps_and_an_evaluator_ends_by_itself(tmp_path):
     assert "evaluator: training is over after" in logs["evaluator:0"]
 
 
+@pytest.mark.slow
 def test_task_launches_with_two_ps_end_by_themselves(tmp_path):
     """``python -m tfdist.launch --config FILE --task ps:0`` etc., one launch per task (one per machine)."""
     cluster = _cluster({"chief": 1, "worker": 1, "ps": 2})

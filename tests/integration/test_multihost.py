@@ -133,7 +133,6 @@ def test_ps_job_started_one_task_per_host_with_the_launcher(tmp_path):
         _check_ps_job_logs(net)
 
 
-@pytest.mark.slow  # CI runs it (.ci/run)
 def test_ps_job_started_from_tf_config_by_hand(tmp_path):
     """Each host runs its task with its own ``TF_CONFIG`` and the token: ps:0 ``python -m tfdist.ps``,
     every other task (ps:1 included) the example script, as under a scheduler that sets TF_CONFIG."""
@@ -226,7 +225,6 @@ def test_a_host_behind_a_10_mbit_link_is_detected_as_a_straggler(tmp_path):
     assert seconds[2] > 10 * max(seconds[:2]), seconds
 
 
-@pytest.mark.slow  # CI runs it (.ci/run)
 def test_sync_replicas_with_a_slowed_host_completes(tmp_path):
     """SyncReplicas (M=2 of 3 workers) from one config with ``--task`` per host; ``launch.slowdown`` makes
     worker 2 3x slower. The job ends by itself, the slow worker's late gradients are dropped, and after

@@ -76,6 +76,9 @@ def test_a_worker_that_did_not_adapt_computes_like_the_chief_after_pulling(monke
         server.stop(0)
 
 
+# test_keras_matrix.py checks a chief-only adapt under every strategy in the default run; this accuracy check on
+# separate processes runs with RUN_SLOW=1 (.ci/run's second command)
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["async", "bsp"])
 def test_only_the_chief_adapts_and_both_workers_reach_its_accuracy(tmp_path, scripts_dir, mode):
     """1 PS + 2 worker processes on digits at raw pixel scale; only the chief adapts the Normalization layer."""
