@@ -189,9 +189,11 @@ HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S = 1.0, 3.0
 
 
 @_SLOW
-@pytest.mark.parametrize("mode", ["bsp", "sync_replicas"])
+@pytest.mark.parametrize("mode", ["async", "bsp", "sync_replicas"])
 def test_a_stopped_worker_rejoins(tmp_path, tmp_path_factory, scripts_dir, mode):
     """Worker 1 is SIGSTOPped past the heart-beat timeout: the chief goes on without it; SIGCONT, it rejoins.
+
+    (Async: the chief never waits for it, and may finish before the PS gives up on worker 1.)
 
     SyncReplicas aggregates M=2 of the 2 workers here, so that the chief
     waits for worker 1 until the PS no longer counts it live (with M=1 it
@@ -217,7 +219,10 @@ def test_a_stopped_worker_rejoins(tmp_path, tmp_path_factory, scripts_dir, mode)
             seen["step_when_dead"] = first["global_step"]
             deadline = time.monotonic() + 60
             while _status(cluster, 0)["global_step"] < first["global_step"] + 10:  # the chief trains without it
-                assert cluster.process("worker:0").poll() is None, cluster.log("worker:0")[-3000:]
+                code = cluster.process("worker:0").poll()
+                if code == 0 and mode == "async":  # nobody waits for worker 1: the chief may be done already
+                    break
+                assert code is None, cluster.log("worker:0")[-3000:]
                 assert time.monotonic() < deadline, "the chief made no progress without the stopped worker"
                 time.sleep(0.1)
             last = _status(cluster, 0)
@@ -259,8 +264,10 @@ def _checkpoint_files(directory):
 
 
 @_SLOW
-def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_path, tmp_path_factory, scripts_dir):
-    """Async: SIGKILL ps:1 in the middle of a checkpoint write (a 16 MiB shard); it restores the one before.
+@pytest.mark.parametrize("mode", ["async", "bsp"])
+def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_path, tmp_path_factory, scripts_dir,
+                                                                          mode):
+    """SIGKILL ps:1 in the middle of a checkpoint write (a 16 MiB shard); it restores the one before.
 
     The test polls ps:1's checkpoint directory; when a temporary file
     appears (after one complete checkpoint), it SIGSTOPs ps:1 at once and
@@ -289,7 +296,7 @@ def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_pa
                 ps1.signal(signal.SIGCONT)  # it finished in the meantime: catch the next one
             time.sleep(0.002)
 
-    results, killed, restarts, logs, _ = _run(tmp_path, scripts_dir, "async", config, fault=kill_ps1_while_writing,
+    results, killed, restarts, logs, _ = _run(tmp_path, scripts_dir, mode, config, fault=kill_ps1_while_writing,
                                               extra=["--ballast-mb", "16"])
     assert restarts == {"ps:1": 1}, logs
     previous = max(killed["complete"])
@@ -301,8 +308,8 @@ def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_pa
     assert after["bytes"] >= 16 * 2 ** 20  # the ballast is on ps:1
     assert after["restored_from"] == previous, (after, killed)  # the previous complete checkpoint, not the torn one
     assert f"restarted from the checkpoint of step {previous}" in logs["ps:1"]
-    baseline = _baseline(tmp_path_factory, scripts_dir, "async")
-    print(f"async: ps:1 killed while writing the checkpoint of step {killed['torn']} (caught on try "
+    baseline = _baseline(tmp_path_factory, scripts_dir, mode)
+    print(f"{mode}: ps:1 killed while writing the checkpoint of step {killed['torn']} (caught on try "
           f"{killed['tries']}); restored step {previous}: at least {killed['torn'] - previous} applied batches lost "
           f"on it; accuracy {results[0]['accuracy']:.4f}, {baseline:.4f} without the fault")
-    assert results[0]["accuracy"] >= baseline - MARGIN["async"], (results[0], baseline, logs)
+    assert results[0]["accuracy"] >= baseline - MARGIN[mode], (results[0], baseline, logs)

@@ -48,6 +48,10 @@ __all__ = ["PSRuntime", "UpdatePathRuntime", "GradientPathRuntime", "VariableReg
 
 logger = logging.getLogger(__name__)
 
+#: Async training as one process (no cluster, in-process PS): the worker's steps reach the PS this often
+#: (and before every read), since nothing else reads the PS meanwhile.
+SINGLE_PROCESS_EXCHANGE_EVERY = 100
+
 #: Names of the per-step exchange counters added to Keras logs (History, TensorBoard).
 STAT_NAMES = ("ps_step", "ps_dropped", "ps_waits", "ps_staleness", "ps_refreshes")
 
@@ -618,13 +622,18 @@ class UpdatePathRuntime(PSRuntime):
     k-th step (``strategy.exchange_every``); both are decided once here.
     """
 
-    def __init__(self, config, task, token, variable_filter, policy):
+    def __init__(self, config, task, token, variable_filter, policy, single_process: bool = False):
         super().__init__(config, task, token, variable_filter, policy)
         # Only pure ASP may overlap or hold steps back: SSP's read guarantee needs every reply in time.
         asp = policy.refresh_every_step and policy.staleness == float("inf")
         self.overlap = asp and config.strategy.overlap_exchange
         #: ASP: exchange after every k-th step; the steps in between stay local (``strategy.exchange_every``).
         self.exchange_every = config.strategy.exchange_every if asp else 1
+        if asp and single_process and self.exchange_every == 1 and not config.ps.checkpoint_dir:
+            # One worker and its in-process PS: nobody else reads the PS, so the steps stay local and
+            # reach it every SINGLE_PROCESS_EXCHANGE_EVERY steps and before every read (evaluate,
+            # predict, pull, ps_status, checkpoint): training costs about what plain Keras costs.
+            self.exchange_every = SINGLE_PROCESS_EXCHANGE_EVERY
         self.blocked_time_waits_for_peers = not asp
         self._unsent_steps = 0
         self._send: Callable[[dict, float | None, int], None] = (
@@ -639,15 +648,25 @@ class UpdatePathRuntime(PSRuntime):
         inputs = [v.read_value() for v in self.variables] + [loss]
 
         def end(*tensors):
-            self.end_step([np.asarray(t) for t in tensors[:-1]], float(tensors[-1].numpy()) if has_loss else None)
+            held = self._holds_next_step()  # the step stays local: its values are not needed
+            current = None if held else [np.asarray(t) for t in tensors[:-1]]
+            self.end_step(current, float(tensors[-1].numpy()) if has_loss and not held else None)
             return self.step_stats()
 
         # Fresh values go into the variables inside the py_function (VariableRegistry): it returns
         # only the statistics, so no per-variable output is converted for nothing.
         return tf.py_function(end, inputs, tf.float32, name="tfdist_end_update_step")
 
-    def end_step(self, current: list[np.ndarray], loss: float | None) -> None:
-        """After a training step: count it, and send it (and earlier held-back ones) when it is time."""
+    def _holds_next_step(self) -> bool:
+        """Whether the step ending now will stay local (``exchange_every``), so ``end_step`` needs no values."""
+        return self.in_warmup or (self.session is not None and self._unsent_steps + 1 < self.exchange_every)
+
+    def end_step(self, current: list[np.ndarray] | None, loss: float | None) -> None:
+        """After a training step: count it, and send it (and earlier held-back ones) when it is time.
+
+        ``current``: the variables' values after the step; may be ``None``
+        when :meth:`_holds_next_step` said the step stays local.
+        """
         self._require_training_task()
         if self.in_warmup:  # not part of the job yet: keep the local update, send nothing
             return
@@ -655,8 +674,9 @@ class UpdatePathRuntime(PSRuntime):
         if self._unsent_steps < self.exchange_every:  # exchange_every: this step stays local
             return
         steps, self._unsent_steps = self._unsent_steps, 0
+        values = self.registry.keyed(current) if current is not None else self.registry.values()
         with self._blocked():
-            self._send(self.registry.keyed(current), loss, steps)
+            self._send(values, loss, steps)
 
     def _send_blocking(self, current: dict, loss: float | None, steps: int) -> None:
         self.registry.written.clear()  # this update carries the local writes (current - snapshot)
@@ -820,9 +840,13 @@ class GradientPathRuntime(PSRuntime):
         return np.array([session.global_step, st["dropped"], st["waits"], 0, st["resyncs"]], np.float32)
 
 
-def make_runtime(config: JobConfig, task: TaskSpec, token: str | None, variable_filter, policy_spec: Mapping
-                 ) -> PSRuntime:
-    """The runtime of the policy's exchange path (chosen once, for the life of the strategy)."""
+def make_runtime(config: JobConfig, task: TaskSpec, token: str | None, variable_filter, policy_spec: Mapping,
+                 single_process: bool = False) -> PSRuntime:
+    """The runtime of the policy's exchange path (chosen once, for the life of the strategy).
+
+    ``single_process``: one worker with an in-process PS (no cluster).
+    """
     policy = policy_from_spec(policy_spec, config.starting_workers)
-    runtime_class = GradientPathRuntime if policy.path == "gradient" else UpdatePathRuntime
-    return runtime_class(config, task, token, variable_filter, policy)
+    if policy.path == "gradient":
+        return GradientPathRuntime(config, task, token, variable_filter, policy)
+    return UpdatePathRuntime(config, task, token, variable_filter, policy, single_process=single_process)

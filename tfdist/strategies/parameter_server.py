@@ -162,7 +162,8 @@ class ParameterServerStrategy(StrategyBase):
                 f"replicas_to_aggregate={m} exceeds the job's {config.starting_workers} worker(s); "
                 "accumulating gradients across steps is not supported. Use at most the number of workers."
             )
-        self._runtime = make_runtime(config, task, token, variable_filter or default_variable_filter, policy_spec)
+        self._runtime = make_runtime(config, task, token, variable_filter or default_variable_filter, policy_spec,
+                                     single_process=self._local_server is not None)
         super().__init__(ParameterServerExtended(self, self._runtime))
         # Keras builds from the dataset's element spec: no throwaway iterator (a SIGSEGV in TF 2.21 at times).
         build_from_element_spec(self)
@@ -283,8 +284,10 @@ class ParameterServerStrategy(StrategyBase):
         return self._runtime.checkpoint()
 
     def ps_status(self) -> list[dict]:
-        """Status of every PS task (version, live workers, counters, policy)."""
-        return self._runtime.ensure_session().status()
+        """Status of every PS task (version, live workers, counters, policy); local steps held back are sent first."""
+        session = self._runtime.ensure_session()
+        self._runtime.flush_local_steps()
+        return session.status()
 
     @property
     def consistency(self) -> dict:
