@@ -14,7 +14,7 @@ Every mode trains the same model on the same synthetic data with batch 64
 per worker for ``warmup + steps`` steps in one epoch and reports examples/s
 over the ``steps`` after the warm-up, timed at batch ends.
 
-Usage: keras_worker.py --mode plain|tfdist|mwms --model mlp|cnn --out FILE [--warmup N] [--steps N]
+Usage: keras_worker.py --mode plain|tfdist|tfdist_single|mwms --model mlp|cnn --out FILE [--warmup N] [--steps N]
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def patch_keras_for_mwms() -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", required=True, choices=["plain", "tfdist", "mwms"])
+    p.add_argument("--mode", required=True, choices=["plain", "tfdist", "tfdist_single", "mwms"])
     p.add_argument("--model", required=True, choices=sorted(_common.MODELS))
     p.add_argument("--out", required=True, help="result JSON file (for tfdist: a directory)")
     p.add_argument("--warmup", type=int, default=20)
@@ -85,9 +85,12 @@ def main() -> int:
     if args.mode == "plain":
         strategy = None
         worker_id = 0
-    elif args.mode == "tfdist":
+    elif args.mode in ("tfdist", "tfdist_single"):
         import tfdist
 
+        if args.mode == "tfdist_single":  # no cluster: one process, an in-process PS
+            os.environ.pop("TF_CONFIG", None)
+            os.environ.pop("TFDIST_CONFIG", None)
         strategy = tfdist.ParameterServerStrategy()
         worker_id = strategy.worker_id
     else:
@@ -117,7 +120,9 @@ def main() -> int:
     # exchange competes with the computation for them.
     result["cpu_ms_per_step"] = 1e3 * (timer.cpu[args.warmup + args.steps - 1] - timer.cpu[args.warmup - 1]) / args.steps
     result["params"] = int(model.count_params())
-    if args.mode == "tfdist":
+    if args.mode == "tfdist_single":
+        out = args.out
+    elif args.mode == "tfdist":
         stats = strategy.sync_stats
         result["sync_stats"] = stats
         result["sync_ms_per_step"] = 1e3 * stats["sync_seconds"] / max(stats["syncs"], 1)
@@ -129,7 +134,7 @@ def main() -> int:
         out = args.out
     _common.write_result(out, result)
     print(json.dumps({k: result[k] for k in ("mode", "model", "worker_id", "examples_per_s")}), flush=True)
-    if args.mode == "tfdist":
+    if args.mode in ("tfdist", "tfdist_single"):
         strategy.shutdown()
     return 0
 
