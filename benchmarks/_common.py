@@ -100,6 +100,31 @@ def step_timer_class(keras):
     return StepTimer
 
 
+def read_net_bytes(iface: str = "eth0") -> tuple[int, int]:
+    """``(tx_bytes, rx_bytes)`` of a network interface of this process's namespace, from sysfs."""
+    base = f"/sys/class/net/{iface}/statistics"
+    with open(f"{base}/tx_bytes") as tx, open(f"{base}/rx_bytes") as rx:
+        return int(tx.read()), int(rx.read())
+
+
+def net_counter_class(keras):
+    """A Keras callback class reading an interface's byte counters at the ends of chosen batches."""
+
+    class NetCounter(keras.callbacks.Callback):
+        def __init__(self, iface: str, batches: Sequence[int]):
+            super().__init__()
+            self.iface = iface
+            self.batches = tuple(batches)
+            self.counts: dict[int, tuple[int, int]] = {}  # batch index -> (tx_bytes, rx_bytes) at its end
+            read_net_bytes(iface)  # fail at once, not after the warm-up, if the interface is missing
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch in self.batches:
+                self.counts[batch] = read_net_bytes(self.iface)
+
+    return NetCounter
+
+
 def epoch_timer_class(keras):
     """A Keras callback class recording the wall time at every epoch end (for TF PSS, which
     refuses batch-level callbacks)."""
