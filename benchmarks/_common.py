@@ -125,6 +125,31 @@ def net_counter_class(keras):
     return NetCounter
 
 
+def start_barrier_class(keras):
+    """A Keras callback class that, at the end of the first batch (traced, compiled), waits until every
+    worker of the job has got there too: a file barrier in a directory all workers see (bounded wait)."""
+
+    class StartBarrier(keras.callbacks.Callback):
+        def __init__(self, directory: str, worker_id: int, num_workers: int, timeout: float = 180.0):
+            super().__init__()
+            self.directory, self.worker_id, self.num_workers, self.timeout = directory, worker_id, num_workers, timeout
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch != 0:
+                return
+            with open(os.path.join(self.directory, f"started-{self.worker_id}"), "w"):
+                pass
+            deadline = time.monotonic() + self.timeout
+            while not all(os.path.exists(os.path.join(self.directory, f"started-{w}"))
+                          for w in range(self.num_workers)):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {self.worker_id}: the other workers did not finish their first step "
+                                       f"within {self.timeout} s (files started-<id> in {self.directory})")
+                time.sleep(0.02)
+
+    return StartBarrier
+
+
 def epoch_timer_class(keras):
     """A Keras callback class recording the wall time at every epoch end (for TF PSS, which
     refuses batch-level callbacks)."""

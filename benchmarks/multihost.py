@@ -77,8 +77,10 @@ CONFIG_LABELS = {
 }
 RATES_FULL = ("100mbit", "1gbit")
 WORKERS_FULL = (2, 4)
-#: (warm-up steps, timed steps per worker).
+#: (warm-up steps, timed steps per worker) below 1 Gbit/s and from 1 Gbit/s on (faster steps: more of them,
+#: so that the timed windows last long enough to overlap and to average over the exchanges).
 STEPS_FULL = (3, 10)
+STEPS_FULL_FAST = (5, 40)
 STEPS_QUICK = (2, 3)
 #: Seconds between two samples of the PS hosts' byte counters.
 SAMPLE_INTERVAL_S = 0.25
@@ -240,7 +242,8 @@ def run_config(config: str, workers: int, rate: str, warmup: int, steps: int, ti
     hosts = _hosts(config, workers)
     out = tempfile.mkdtemp(prefix=f"{config}-{workers}w-{rate}-", dir=log_dir)
     threads = max(1, (os.cpu_count() or 1) // workers)
-    args = ["--model", MODEL, "--out", out, "--warmup", str(warmup), "--steps", str(steps), "--net-iface", "eth0"]
+    args = ["--model", MODEL, "--out", out, "--warmup", str(warmup), "--steps", str(steps), "--net-iface", "eth0",
+            "--start-barrier", out, "--num-workers", str(workers)]
     worker_tasks = [t for t in hosts if t.startswith("worker:")]
     ps_tasks = [t for t in hosts if t.startswith("ps:")]
     start = time.monotonic()
@@ -291,6 +294,8 @@ def summarize(per: list[dict], sampler: CounterSampler, ps_hosts: list[str], rat
         row["sync_ms_per_step"] = [round(w["sync_ms_per_step"], 1) for w in per]
     # PS hosts: their counters over the window every worker was timing, per step of all workers together.
     lo, hi = max(w["wall_window"][0] for w in per), min(w["wall_window"][1] for w in per)
+    # Share of the longest timed window during which every worker was timing (1: they ran side by side).
+    row["timed_window_overlap"] = round(max(hi - lo, 0.0) / max(w["wall_window"][1] - w["wall_window"][0] for w in per), 3)
     window = "common"
     if hi - lo < 0.5:  # the workers' windows hardly overlap: use their union
         lo, hi, window = min(w["wall_window"][0] for w in per), max(w["wall_window"][1] for w in per), "union"
@@ -323,7 +328,7 @@ def ratios(configs: dict) -> dict:
     return out
 
 
-def bench(rates, worker_counts, configs, warmup, steps, timeout, log_dir) -> dict:
+def bench(rates, worker_counts, configs, steps_by_rate, timeout, log_dir) -> dict:
     cells = {}
     for rate in rates:
         for n in worker_counts:
@@ -331,7 +336,7 @@ def bench(rates, worker_counts, configs, warmup, steps, timeout, log_dir) -> dic
             for config in configs:
                 load = _load()
                 try:
-                    row = run_config(config, n, rate, warmup, steps, timeout, log_dir)
+                    row = run_config(config, n, rate, *steps_by_rate[rate], timeout, log_dir)
                 except Exception as exc:  # one failed run must not lose the others' numbers
                     row = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:4000],
                            "traceback": traceback.format_exc()[-4000:]}
@@ -397,10 +402,12 @@ def render_docs(result: dict) -> str:
                   "", "| cap | burst | measured Mbit/s |", "|---|---|---:|"]
         lines += [f"| {x['rate']} | {x['burst'] or '—'} | {x['measured_mbit_per_s']:,.0f} |" for x in links]
         lines.append("")
-    warmup, steps = result["steps"]
+    steps = "; ".join(f"{r}: warm-up {w} steps, {n} timed steps per worker" for r, (w, n) in result["steps"].items())
     lines += [
         f"CNN of the PS benchmark ({_common.MODELS[MODEL][1]}), batch 64 per worker, Adam, synthetic data; "
-        f"warm-up {warmup} steps, {steps} timed steps per worker, one run per row. Every host (worker and PS) "
+        f"{steps}; the workers wait for each other at the end of their first step (so that their timed windows "
+        "overlap: *overlap* is the share of the longest window during which all were timing); one run per row. "
+        "Every host (worker and PS) "
         "is a network namespace whose link is capped in both directions. examples/s is summed over workers. "
         "Bytes are the kernel's counters of the hosts' `eth0`: *worker MB/step* is tx + rx of a worker host "
         "per step of its own (mean over workers); *PS MB/step* is tx + rx of each PS host per step of all "
@@ -408,8 +415,8 @@ def render_docs(result: dict) -> str:
         "(PS host for the PS rows, a worker for all-reduce).",
         "",
         "| cap | workers | configuration | examples/s | worker MB/step (tx / rx) | PS MB/step per host | link use | "
-        "vs MWMS | vs AllReduce | CPU ms/step per worker | load |",
-        "|---|---:|---|---:|---|---|---:|---:|---:|---|---:|",
+        "vs MWMS | vs AllReduce | CPU ms/step per worker | overlap | load |",
+        "|---|---:|---|---:|---|---|---:|---:|---:|---|---:|---:|",
     ]
     for key, cell in result.get("cells", {}).items():
         c = cell["configs"]
@@ -418,7 +425,7 @@ def render_docs(result: dict) -> str:
             prefix = f"| {cell['rate']} | {cell['workers']} | {CONFIG_LABELS[name]} |"
             if not row.get("ok"):
                 err = row.get("error", "").splitlines()[0][:140].replace("|", "\\|")
-                lines.append(f"{prefix} failed | `{err}` | | | | | | {row.get('load_1min_at_start')} |")
+                lines.append(f"{prefix} failed | `{err}` | | | | | | | {row.get('load_1min_at_start')} |")
                 continue
             tx = sum(row["worker_tx_bytes_per_step"]) / len(row["worker_tx_bytes_per_step"])
             rx = sum(row["worker_rx_bytes_per_step"]) / len(row["worker_rx_bytes_per_step"])
@@ -429,7 +436,8 @@ def render_docs(result: dict) -> str:
             lines.append(
                 f"{prefix} {row['examples_per_s']:,.0f} | {_mb(row['worker_bytes_per_step'])} ({_mb(tx)} / {_mb(rx)}) "
                 f"| {ps_text} | {max(uses):.0%} | {vs[0]} | {vs[1]} | "
-                f"{', '.join(f'{x:.0f}' for x in row['cpu_ms_per_step'])} | {row.get('load_1min_at_start')} |")
+                f"{', '.join(f'{x:.0f}' for x in row['cpu_ms_per_step'])} | {row.get('timed_window_overlap', 1.0):.2f} "
+                f"| {row.get('load_1min_at_start')} |")
     lines.append("")
     if result.get("notes"):
         lines += ["Computed from this run:", ""] + [f"- {n}" for n in result["notes"]] + [""]
@@ -477,8 +485,10 @@ def main(argv=None) -> int:
     p.add_argument("--rates", help="comma-separated tc rates of every host's link (default 100mbit,1gbit; quick 100mbit)")
     p.add_argument("--workers", help="comma-separated worker-host counts (default 2,4; quick 2)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
-    p.add_argument("--warmup", type=int, help=f"warm-up steps per worker (default {STEPS_FULL[0]}, quick {STEPS_QUICK[0]})")
-    p.add_argument("--steps", type=int, help=f"timed steps per worker (default {STEPS_FULL[1]}, quick {STEPS_QUICK[1]})")
+    p.add_argument("--warmup", type=int, help=f"warm-up steps per worker (default {STEPS_FULL[0]}, from 1gbit on "
+                   f"{STEPS_FULL_FAST[0]}, quick {STEPS_QUICK[0]}); the first ends at a barrier of all workers")
+    p.add_argument("--steps", type=int, help=f"timed steps per worker (default {STEPS_FULL[1]}, from 1gbit on "
+                   f"{STEPS_FULL_FAST[1]}, quick {STEPS_QUICK[1]})")
     p.add_argument("--timeout", type=float, default=240.0, help="bound on each training run, seconds (default 240)")
     p.add_argument("--no-link-check", action="store_true", help="skip the TCP transfer that measures each cap")
     p.add_argument("--out", help="also write the JSON here")
@@ -505,11 +515,12 @@ def main(argv=None) -> int:
             rate_bits_per_s(r)
         except ValueError as exc:
             p.error(str(exc))
-    default_warmup, default_steps = STEPS_QUICK if args.quick else STEPS_FULL
-    warmup = args.warmup or default_warmup
-    steps = args.steps or default_steps
-    if warmup < 1:
-        p.error(f"--warmup must be >= 1 (the first step traces the model). Received: --warmup {warmup}.")
+    steps_by_rate = {}
+    for r in rates:
+        default = STEPS_QUICK if args.quick else STEPS_FULL_FAST if rate_bits_per_s(r) >= 1e9 else STEPS_FULL
+        steps_by_rate[r] = [args.warmup or default[0], args.steps or default[1]]
+        if steps_by_rate[r][0] < 1:
+            p.error(f"--warmup must be >= 1 (the first step traces the model). Received: --warmup {args.warmup}.")
 
     from tfdist.testing import NetnsCluster
 
@@ -530,7 +541,7 @@ def main(argv=None) -> int:
         "load": {"at_start": _load()},
         "model": MODEL,
         "batch_per_worker": _common.BATCH,
-        "steps": [warmup, steps],
+        "steps": steps_by_rate,  # rate -> [warm-up steps, timed steps per worker]
         "rates": rates,
         "workers": workers,
         "configs": configs,
@@ -540,7 +551,7 @@ def main(argv=None) -> int:
     start = time.monotonic()
     if not args.no_link_check:
         result["link_check"] = [link_check(r) for r in rates] + ([] if args.quick else [link_check(None)])
-    result["cells"] = bench(rates, workers, configs, warmup, steps, args.timeout, log_dir)
+    result["cells"] = bench(rates, workers, configs, steps_by_rate, args.timeout, log_dir)
     result["wall_s"] = round(time.monotonic() - start, 1)
     result["load"]["at_end"] = _load()
     result["notes"] = analysis(result)

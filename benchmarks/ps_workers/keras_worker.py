@@ -22,8 +22,13 @@ namespace) the worker also reads that interface's byte counters
 bound the timed window, so the bytes of the timed steps are counted the same
 way for every strategy.
 
+With ``--start-barrier DIR --num-workers N`` every worker waits at the end of
+its first step until all N have finished theirs, so that the workers' timed
+windows overlap even when one took longer to start (asynchronous PS training
+does not line them up by itself).
+
 Usage: keras_worker.py --mode plain|tfdist|mwms|allreduce --model mlp|cnn --out FILE [--warmup N] [--steps N]
-       [--net-iface IFACE]
+       [--net-iface IFACE] [--start-barrier DIR --num-workers N]
 """
 
 from __future__ import annotations
@@ -85,6 +90,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--net-iface", help="also count this interface's bytes over the timed window (e.g. eth0)")
+    p.add_argument("--start-barrier", help="directory of a file barrier at the end of the first step")
+    p.add_argument("--num-workers", type=int, default=1, help="workers that meet at --start-barrier")
     args = p.parse_args()
 
     if args.mode == "allreduce":
@@ -130,6 +137,8 @@ def main() -> int:
     ds = _common.synthetic_dataset(args.model, batch, seed=worker_id)
     timer = _common.step_timer_class(keras)()
     callbacks = [timer]
+    if args.start_barrier:
+        callbacks.insert(0, _common.start_barrier_class(keras)(args.start_barrier, worker_id, args.num_workers))
     if args.net_iface:
         counter = _common.net_counter_class(keras)(args.net_iface, (args.warmup - 1, args.warmup + args.steps - 1))
         callbacks.append(counter)
