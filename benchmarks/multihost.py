@@ -404,7 +404,7 @@ def render_docs(result: dict) -> str:
         lines.append("")
     steps = "; ".join(f"{r}: warm-up {w} steps, {n} timed steps per worker" for r, (w, n) in result["steps"].items())
     lines += [
-        f"CNN of the PS benchmark ({_common.MODELS[MODEL][1]}), batch 64 per worker, Adam, synthetic data; "
+        f"The PS benchmark's {_common.MODELS[MODEL][1]}, batch 64 per worker, Adam; "
         f"{steps}; the workers wait for each other at the end of their first step (so that their timed windows "
         "overlap: *overlap* is the share of the longest window during which all were timing); one run per row. "
         "Every host (worker and PS) "
@@ -412,7 +412,9 @@ def render_docs(result: dict) -> str:
         "Bytes are the kernel's counters of the hosts' `eth0`: *worker MB/step* is tx + rx of a worker host "
         "per step of its own (mean over workers); *PS MB/step* is tx + rx of each PS host per step of all "
         "workers together; *link use* is the busier direction of the busiest host's link, as a share of the cap "
-        "(PS host for the PS rows, a worker for all-reduce).",
+        "(PS host for the PS rows, a worker for all-reduce); *vs* columns divide examples/s by the baseline's in the "
+        "same cell; CPU is each worker process's CPU time per step (all threads); load is the 1-minute load average "
+        "when the row started.",
         "",
         "| cap | workers | configuration | examples/s | worker MB/step (tx / rx) | PS MB/step per host | link use | "
         "vs MWMS | vs AllReduce | CPU ms/step per worker | overlap | load |",
