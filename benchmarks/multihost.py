@@ -36,8 +36,8 @@ Usage::
     python benchmarks/multihost.py --from-json FILE --write-docs   # re-render the docs section
 
 Needs root (network namespaces) and iproute2; exits 2 saying why otherwise.
-The default matrix (2 rates x 2 worker counts x 4 configurations) took 14.5
-minutes on 2 shared cores, ``--quick`` (100 Mbit/s, 2 workers, few steps) 1-2.
+The default matrix (2 rates x 2 worker counts x 4 configurations) took 10-15
+minutes on 2 shared cores, ``--quick`` (100 Mbit/s, 2 workers, few steps) about 1.5.
 Every namespace and process is removed when the script ends, also on errors.
 """
 
