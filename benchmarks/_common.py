@@ -100,6 +100,56 @@ def step_timer_class(keras):
     return StepTimer
 
 
+def read_net_bytes(iface: str = "eth0") -> tuple[int, int]:
+    """``(tx_bytes, rx_bytes)`` of a network interface of this process's namespace, from sysfs."""
+    base = f"/sys/class/net/{iface}/statistics"
+    with open(f"{base}/tx_bytes") as tx, open(f"{base}/rx_bytes") as rx:
+        return int(tx.read()), int(rx.read())
+
+
+def net_counter_class(keras):
+    """A Keras callback class reading an interface's byte counters at the ends of chosen batches."""
+
+    class NetCounter(keras.callbacks.Callback):
+        def __init__(self, iface: str, batches: Sequence[int]):
+            super().__init__()
+            self.iface = iface
+            self.batches = tuple(batches)
+            self.counts: dict[int, tuple[int, int]] = {}  # batch index -> (tx_bytes, rx_bytes) at its end
+            read_net_bytes(iface)  # fail at once, not after the warm-up, if the interface is missing
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch in self.batches:
+                self.counts[batch] = read_net_bytes(self.iface)
+
+    return NetCounter
+
+
+def start_barrier_class(keras):
+    """A Keras callback class that, at the end of the first batch (traced, compiled), waits until every
+    worker of the job has got there too: a file barrier in a directory all workers see (bounded wait)."""
+
+    class StartBarrier(keras.callbacks.Callback):
+        def __init__(self, directory: str, worker_id: int, num_workers: int, timeout: float = 180.0):
+            super().__init__()
+            self.directory, self.worker_id, self.num_workers, self.timeout = directory, worker_id, num_workers, timeout
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch != 0:
+                return
+            with open(os.path.join(self.directory, f"started-{self.worker_id}"), "w"):
+                pass
+            deadline = time.monotonic() + self.timeout
+            while not all(os.path.exists(os.path.join(self.directory, f"started-{w}"))
+                          for w in range(self.num_workers)):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {self.worker_id}: the other workers did not finish their first step "
+                                       f"within {self.timeout} s (files started-<id> in {self.directory})")
+                time.sleep(0.02)
+
+    return StartBarrier
+
+
 def epoch_timer_class(keras):
     """A Keras callback class recording the wall time at every epoch end (for TF PSS, which
     refuses batch-level callbacks)."""

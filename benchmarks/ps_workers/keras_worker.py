@@ -9,12 +9,26 @@ Modes:
   ``worker`` job), with the two Keras 3.15 monkey-patches of DESIGN.md §1
   applied *here only*: build from the first local replica's batch, and reduce
   scalars with ``axis=None``.
+* ``allreduce`` — ``tfdist.AllReduceStrategy()`` (TF_CONFIG with a ``worker``
+  job; the collective group is joined before any TF op), no straggler detector.
 
 Every mode trains the same model on the same synthetic data with batch 64
 per worker for ``warmup + steps`` steps in one epoch and reports examples/s
 over the ``steps`` after the warm-up, timed at batch ends.
 
-Usage: keras_worker.py --mode plain|tfdist|tfdist_single|mwms --model mlp|cnn --out FILE [--warmup N] [--steps N]
+With ``--net-iface eth0`` (benchmarks/multihost.py, one worker per network
+namespace) the worker also reads that interface's byte counters
+(``/sys/class/net/IFACE/statistics/{tx,rx}_bytes``) at the two batch ends that
+bound the timed window, so the bytes of the timed steps are counted the same
+way for every strategy.
+
+With ``--start-barrier DIR --num-workers N`` every worker waits at the end of
+its first step until all N have finished theirs, so that the workers' timed
+windows overlap even when one took longer to start (asynchronous PS training
+does not line them up by itself).
+
+Usage: keras_worker.py --mode plain|tfdist|tfdist_single|mwms|allreduce --model mlp|cnn --out FILE [--warmup N]
+       [--steps N] [--net-iface IFACE] [--start-barrier DIR --num-workers N]
 """
 
 from __future__ import annotations
@@ -70,12 +84,20 @@ def patch_keras_for_mwms() -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", required=True, choices=["plain", "tfdist", "tfdist_single", "mwms"])
+    p.add_argument("--mode", required=True, choices=["plain", "tfdist", "tfdist_single", "mwms", "allreduce"])
     p.add_argument("--model", required=True, choices=sorted(_common.MODELS))
     p.add_argument("--out", required=True, help="result JSON file (for tfdist: a directory)")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--net-iface", help="also count this interface's bytes over the timed window (e.g. eth0)")
+    p.add_argument("--start-barrier", help="directory of a file barrier at the end of the first step")
+    p.add_argument("--num-workers", type=int, default=1, help="workers that meet at --start-barrier")
     args = p.parse_args()
+
+    if args.mode == "allreduce":
+        import tfdist.collective
+
+        tfdist.collective.init_worker_group()  # before any TF op (cluster from TF_CONFIG)
 
     import keras
     import tensorflow as tf
@@ -93,6 +115,11 @@ def main() -> int:
             os.environ.pop("TFDIST_CONFIG", None)
         strategy = tfdist.ParameterServerStrategy()
         worker_id = strategy.worker_id
+    elif args.mode == "allreduce":
+        import tfdist
+
+        strategy = tfdist.AllReduceStrategy()
+        worker_id = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     else:
         patch_keras_for_mwms()
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -112,7 +139,13 @@ def main() -> int:
             model = build()
     ds = _common.synthetic_dataset(args.model, batch, seed=worker_id)
     timer = _common.step_timer_class(keras)()
-    model.fit(ds, epochs=1, steps_per_epoch=args.warmup + args.steps, verbose=0, callbacks=[timer])
+    callbacks = [timer]
+    if args.start_barrier:
+        callbacks.insert(0, _common.start_barrier_class(keras)(args.start_barrier, worker_id, args.num_workers))
+    if args.net_iface:
+        counter = _common.net_counter_class(keras)(args.net_iface, (args.warmup - 1, args.warmup + args.steps - 1))
+        callbacks.append(counter)
+    model.fit(ds, epochs=1, steps_per_epoch=args.warmup + args.steps, verbose=0, callbacks=callbacks)
     result.update(_common.timed_window(timer.times, args.warmup, args.steps, _common.BATCH))
     # Wall-clock stamps of the timed window, to check how the workers' windows overlap.
     result["wall_window"] = [timer.wall[args.warmup - 1], timer.wall[args.warmup + args.steps - 1]]
@@ -120,6 +153,10 @@ def main() -> int:
     # exchange competes with the computation for them.
     result["cpu_ms_per_step"] = 1e3 * (timer.cpu[args.warmup + args.steps - 1] - timer.cpu[args.warmup - 1]) / args.steps
     result["params"] = int(model.count_params())
+    if args.net_iface:
+        (tx0, rx0), (tx1, rx1) = (counter.counts[b] for b in counter.batches)
+        result["net"] = {"iface": args.net_iface, "tx_bytes": tx1 - tx0, "rx_bytes": rx1 - rx0,
+                         "bytes_per_step": (tx1 - tx0 + rx1 - rx0) / args.steps}
     if args.mode == "tfdist_single":
         out = args.out
     elif args.mode == "tfdist":
@@ -128,7 +165,7 @@ def main() -> int:
         result["sync_ms_per_step"] = 1e3 * stats["sync_seconds"] / max(stats["syncs"], 1)
         result["placement"] = [[k, ps, rows] for k, ps, rows in strategy.placement_table()]
         out = os.path.join(args.out, f"worker-{worker_id}.json")
-    elif args.mode == "mwms":
+    elif args.mode in ("mwms", "allreduce"):
         out = os.path.join(args.out, f"worker-{worker_id}.json")
     else:
         out = args.out
