@@ -67,10 +67,11 @@ class _Logs(dict):
         return repr({task: text[-3000:] for task, text in self.items()})
 
 
-#: How far below the undisturbed job's accuracy a faulted job may end. Two undisturbed async/SSP runs of this
-#: job differ by up to ~2 points between themselves (measured: SSP 0.944 and 0.961), so one comparison cannot
-#: resolve the issue's 1-point bound there; the sync modes repeat to within a point.
-MARGIN = {"async": 0.03, "ssp": 0.03, "bsp": 0.02, "sync_replicas": 0.02}
+#: How far below the undisturbed job's accuracy a faulted job may end: the issue's 1 point for the sync modes
+#: (they repeat to within a point: measured BSP 0.944 vs 0.944, SyncReplicas 0.936 vs 0.936 and 0.947 vs
+#: 0.928). Two undisturbed async/SSP runs of this job differ by up to ~2 points between themselves
+#: (measured: SSP 0.944 and 0.961), so one comparison cannot resolve a 1-point bound there: 3 points.
+MARGIN = {"async": 0.03, "ssp": 0.03, "bsp": 0.01, "sync_replicas": 0.01}
 
 
 def _run(tmp_path, scripts_dir, mode, config, fault=None, extra=(), workers=(0, 1), m=1):
