@@ -74,14 +74,14 @@ class _Logs(dict):
 MARGIN = {"async": 0.03, "ssp": 0.03, "bsp": 0.01, "sync_replicas": 0.01}
 
 
-def _run(tmp_path, scripts_dir, mode, config, fault=None, extra=(), workers=(0, 1), m=1):
+def _run(tmp_path, scripts_dir, mode, config, fault=None, extra=(), workers=(0, 1), m=1, evaluator=False):
     """Runs the job; ``fault(cluster, out)`` (run once the job started) injects the fault.
 
     Returns (results of ``workers`` that wrote one, what ``fault`` returned, restarts, logs, cluster).
     """
     out = tmp_path / "out"
     out.mkdir()
-    cluster = LocalCluster(workers=2, ps=2, config=config, log_dir=str(tmp_path / "logs"))
+    cluster = LocalCluster(workers=2, ps=2, config=config, log_dir=str(tmp_path / "logs"), evaluator=evaluator)
     args = ["--out", str(out), "--mode", mode, "--m", str(m), "--steps", str(STEPS), *extra]
     before = None
     with cluster:
@@ -89,6 +89,11 @@ def _run(tmp_path, scripts_dir, mode, config, fault=None, extra=(), workers=(0, 
         if fault is not None:
             before = fault(cluster, out)
         cluster.wait(240)  # the launcher's loop: restarts a dead ps:1, goes on without a dead non-chief worker
+        if evaluator:  # it ends by itself once the job is over (bounded)
+            deadline = time.monotonic() + 60
+            while cluster.process("evaluator:0").poll() is None:
+                assert time.monotonic() < deadline, cluster.log("evaluator:0")[-3000:]
+                time.sleep(0.1)
         logs = _Logs({t: cluster.log(t) for t in ("worker:0", "worker:1", "ps:1")})
         restarts = dict(cluster.job.restarts)
     results = [json.load(open(out / f"worker-{w}.json")) for w in workers]
@@ -145,6 +150,35 @@ def test_a_job_survives_a_killed_ps(tmp_path, tmp_path_factory, scripts_dir, mod
     else:
         assert after["restored_from"] is None
         assert "initialised again from this worker's current values" in logs["worker:0"]
+
+
+@_SLOW
+def test_an_evaluator_goes_on_across_a_ps_restart(tmp_path, scripts_dir):
+    """Async with checkpoints and an evaluator task: ps:1 is SIGKILLed and restarted mid-job; the evaluator's
+    rounds wait for it (the other PS task says training goes on), read its new incarnation, and end with the job."""
+    config = JobConfig(name="durable")
+    config.ps.checkpoint_dir = str(tmp_path / "ckpt")
+    config.ps.checkpoint_every_steps, config.ps.checkpoint_every_s = EVERY, None
+    def kill_ps1_after_a_round(cluster, out):
+        _wait_for_file(cluster, str(out / "evaluating"), 240)  # the evaluator has read the job once
+        return _kill_ps1(cluster, out)
+
+    results, before, restarts, logs, cluster = _run(tmp_path, scripts_dir, "async", config,
+                                                    fault=kill_ps1_after_a_round,
+                                                    extra=["--pause-at", str(PAUSE_AT)], evaluator=True)
+    assert restarts == {"ps:1": 1}
+    evaluator_log = cluster.log("evaluator:0")
+    assert cluster.process("evaluator:0").poll() == 0, evaluator_log[-3000:]
+    rounds = json.load(open(tmp_path / "out" / "evaluator.json"))["rounds"]
+    incarnations = [r["incarnations"][1] for r in rounds]
+    assert before["incarnation"] in incarnations, incarnations  # rounds before the kill...
+    after = [r for r in rounds if r["incarnations"][1] != before["incarnation"]]
+    assert after, (incarnations, evaluator_log[-3000:])  # ...and after the restart
+    assert "waiting for it to come back" in evaluator_log or "restarted" in evaluator_log, evaluator_log[-3000:]
+    # its last round saw the final model (the chief's accuracy after fit, within the last updates' noise)
+    assert after[-1]["accuracy"] >= results[0]["accuracy"] - 0.03, (after[-1], results[0]["accuracy"])
+    print(f"evaluator: {len(rounds)} rounds, {len(after)} after the restart of ps:1; last accuracy "
+          f"{after[-1]['accuracy']:.4f} (chief {results[0]['accuracy']:.4f})")
 
 
 @pytest.mark.parametrize("mode", ["async", pytest.param("bsp", marks=_SLOW)])

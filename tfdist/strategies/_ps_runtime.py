@@ -34,7 +34,7 @@ import tensorflow as tf
 from tfdist import constants
 from tfdist.config import JobConfig, TaskSpec
 from tfdist.consistency import ConsistencyPolicy, policy_from_spec
-from tfdist.errors import ClusterError, PSUnavailableError
+from tfdist.errors import ClusterError, PSRestartedError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.ps.protocol import CheckpointRequest
@@ -561,16 +561,20 @@ class PSRuntime:
         return [{"step": meta.get("step"), "path": meta.get("path")} for _, (meta, _) in sorted(replies.items())]
 
     def evaluation_rounds(self, interval_s: float) -> Iterator[int]:
-        """Side-car evaluation: see :meth:`ParameterServerStrategy.evaluation_rounds`."""
+        """Side-car evaluation: see :meth:`ParameterServerStrategy.evaluation_rounds`.
+
+        A PS task that stops answering while another one says training goes
+        on is restarting (``launch.restart_ps``): the rounds wait for it
+        (within ``ps.reconnect_timeout_s``) and read its new incarnation. When
+        no task answers, or one says every worker is done, the job is over.
+        """
         session = self.ensure_session()
         num_workers = self.config.starting_workers
         last = None
+        failing_since = None
         while True:
-            try:
-                statuses = [meta for _, (meta, _) in
-                            sorted(session.client.call_all("Status", {"brief": True}).items())]
-            except PSUnavailableError as e:
-                logger.info("task %s: the parameter servers have ended (the job is over): %s", self.task, e)
+            statuses = self._statuses_while_the_job_runs(session, num_workers)
+            if statuses is None:
                 return
             if any(len(st.get("done_workers", ())) >= num_workers for st in statuses):
                 logger.info("task %s: every training worker is done", self.task)
@@ -578,10 +582,19 @@ class PSRuntime:
             version = tuple(st.get("version", 0) for st in statuses)
             if version != last:
                 try:
-                    self.registry.assign(session.pull(as_reader=True))
-                except PSUnavailableError as e:
-                    logger.info("task %s: the parameter servers have ended (the job is over): %s", self.task, e)
-                    return
+                    values = session.pull(as_reader=True)
+                except PSUnavailableError as e:  # a task restarted (new incarnation) or is not initialised yet
+                    if isinstance(e, PSRestartedError):
+                        session.incarnation = [None] * session.plan.num_ps  # learnt again from the next pull
+                    failing_since = failing_since or time.monotonic()
+                    if time.monotonic() - failing_since > self.reconnect_timeout_s:
+                        logger.warning("task %s: no read of the parameter servers succeeded for %.0f s; ending the "
+                                       "evaluation rounds: %s", self.task, time.monotonic() - failing_since, e)
+                        return
+                    time.sleep(min(interval_s, 0.5))
+                    continue
+                failing_since = None
+                self.registry.assign(values)
                 last = version
                 self.hold_values = True
                 try:
@@ -589,6 +602,35 @@ class PSRuntime:
                 finally:
                     self.hold_values = False
             time.sleep(interval_s)
+
+    @property
+    def reconnect_timeout_s(self) -> float:
+        return float(self.config.ps.reconnect_timeout_s)
+
+    def _statuses_while_the_job_runs(self, session: WorkerSession, num_workers: int) -> list[dict] | None:
+        """Every PS task's brief status, or ``None`` when the job is over (see :meth:`evaluation_rounds`)."""
+        deadline = None
+        while True:
+            answers, lost = {}, None
+            for ps in range(session.plan.num_ps):
+                try:
+                    answers[ps] = session.client.call(ps, "Status", {"brief": True}, timeout=5.0)[0]
+                except PSUnavailableError as e:
+                    lost = e
+            if lost is None:
+                return [answers[ps] for ps in range(session.plan.num_ps)]
+            if not answers or any(len(st.get("done_workers", ())) >= num_workers for st in answers.values()):
+                logger.info("task %s: the parameter servers have ended (the job is over): %s", self.task, lost)
+                return None
+            if deadline is None:
+                deadline = time.monotonic() + self.reconnect_timeout_s
+                logger.warning("task %s: %s; the other PS tasks say training goes on: waiting for it to come back "
+                               "(ps.reconnect_timeout_s=%g)", self.task, lost, self.reconnect_timeout_s)
+            if time.monotonic() > deadline:
+                logger.warning("task %s: a PS task did not come back within ps.reconnect_timeout_s; ending the "
+                               "evaluation rounds: %s", self.task, lost)
+                return None
+            time.sleep(0.5)
 
     def close(self, done: bool = True) -> None:
         """Sends what is unsent, says ``Done`` (training tasks) and closes the connections (idempotent).

@@ -58,6 +58,8 @@ class LocalCluster:
         workers: Number of worker tasks.
         ps: Number of parameter-server tasks.
         chief: Add a chief task (worker id 0).
+        evaluator: Add an ``evaluator`` task (it runs the same script; see
+            ``strategy.evaluation_rounds``).
         config: Base :class:`JobConfig` (its cluster is replaced).
         log_dir: Per-task logs. Defaults to a fresh temporary directory.
         env: Extra environment per task, e.g.
@@ -71,12 +73,13 @@ class LocalCluster:
         ps: int = 1,
         chief: bool = False,
         config: JobConfig | None = None,
+        evaluator: bool = False,
         log_dir: str | None = None,
         env: dict[str, dict[str, str]] | None = None,
         forward: bool = False,
     ):
         config = config or JobConfig(name="test")
-        config.cluster = ClusterConfig(chief=1 if chief else 0, worker=workers, ps=ps)
+        config.cluster = ClusterConfig(chief=1 if chief else 0, worker=workers, ps=ps, evaluator=1 if evaluator else 0)
         self._tmp = None if log_dir else tempfile.TemporaryDirectory(prefix="tfdist-")
         self.log_dir = log_dir or self._tmp.name
         self.job = LocalJob(config, log_dir=self.log_dir, forward=forward, env=env)

@@ -76,6 +76,27 @@ class Ballast(keras.layers.Layer):
         return x
 
 
+def evaluate_while_training(strategy, out):
+    """The evaluator task: one round per new PS version until the job ends; writes ``evaluator.json``."""
+    data = load_digits()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dense(10, activation="softmax")])
+        model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    rounds = []
+    for version in strategy.evaluation_rounds(interval_s=0.2):
+        _, accuracy = model.evaluate(data.x_test.reshape(-1, 64), data.y_test, verbose=0)
+        incarnations = [st.get("incarnation") for st in strategy.ps_status()]
+        rounds.append({"time": time.time(), "version": version, "accuracy": float(accuracy),
+                       "incarnations": incarnations})
+        open(os.path.join(out, "evaluating"), "a").close()  # the test waits for a first round
+    path = os.path.join(out, "evaluator.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"rounds": rounds}, f)
+    os.replace(path + ".tmp", path)
+    print(f"evaluator done after {len(rounds)} rounds", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -97,6 +118,8 @@ def main():
     else:
         strategy = tfdist.ParameterServerStrategy()
     me, n = strategy.worker_id, strategy.num_workers
+    if strategy.is_evaluator:
+        return evaluate_while_training(strategy, args.out)
     data = load_digits()
     x, y = data.x_train.reshape(-1, 64)[me::n], data.y_train[me::n]
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512, seed=me).repeat().batch(32)
