@@ -181,7 +181,8 @@ def test_an_evaluator_goes_on_across_a_ps_restart(tmp_path, scripts_dir):
           f"{after[-1]['accuracy']:.4f} (chief {results[0]['accuracy']:.4f})")
 
 
-@pytest.mark.parametrize("mode", ["async", pytest.param("bsp", marks=_SLOW)])
+@pytest.mark.parametrize("mode", ["async", pytest.param("bsp", marks=_SLOW),
+                                  pytest.param("sync_replicas", marks=_SLOW)])
 def test_a_job_survives_a_killed_chief(tmp_path, tmp_path_factory, scripts_dir, mode):
     """The chief SIGKILLs itself mid-fit; the launcher starts it again and it joins with the job's values."""
     results, _, restarts, logs, _ = _run(tmp_path, scripts_dir, mode, JobConfig(name="durable"),
@@ -301,7 +302,7 @@ def _checkpoint_files(directory):
 
 
 @_SLOW
-@pytest.mark.parametrize("mode", ["async", "bsp"])
+@pytest.mark.parametrize("mode", ["async", "bsp", "sync_replicas"])
 def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_path, tmp_path_factory, scripts_dir,
                                                                           mode):
     """SIGKILL ps:1 in the middle of a checkpoint write (a 16 MiB shard); it restores the one before.
