@@ -197,28 +197,34 @@ def test_a_job_survives_a_killed_chief(tmp_path, tmp_path_factory, scripts_dir, 
     assert "already held values" in logs["worker:0"]  # the new chief joined; it did not initialise the PS again
 
 
-def test_a_job_goes_on_without_a_killed_worker(tmp_path, tmp_path_factory, scripts_dir):
-    """Async: worker 1 is SIGKILLed mid-fit; under ``launch.on_worker_failure: auto`` the chief trains to the end."""
+@pytest.mark.parametrize("mode", ["async", pytest.param("sync_replicas", marks=_SLOW)])
+def test_a_job_goes_on_without_a_killed_worker(tmp_path, tmp_path_factory, scripts_dir, mode):
+    """Worker 1 is SIGKILLed mid-fit; under ``launch.on_worker_failure: auto`` the chief trains to the end.
+
+    Async, and SyncReplicas with M=1 (worker 1 is a backup the mode can do without). BSP cannot do without
+    a worker: the launcher stops the job, naming it (``tests/e2e/test_launcher_cli.py``).
+    """
     def kill_worker1(cluster, out):
         _wait_for_file(cluster, str(out / "paused"), 240)  # worker 1 waits before its PAUSE_AT-th step
         cluster.kill("worker:1")
         (out / "resume").touch()  # the chief waits for it before its (PAUSE_AT + 30)-th step
 
     results, _, restarts, logs, cluster = _run(
-        tmp_path, scripts_dir, "async", JobConfig(name="durable"), fault=kill_worker1, workers=(0,),
+        tmp_path, scripts_dir, mode, JobConfig(name="durable"), fault=kill_worker1, workers=(0,),
         extra=["--pause-at", str(PAUSE_AT), "--pause-worker", "1"])
     assert restarts == {}
     assert [str(t) for t in cluster.job.failed_workers] == ["worker:1"]
     assert not os.path.exists(tmp_path / "out" / "worker-1.json")
     chief = results[0]
     assert chief["steps"] == STEPS and chief["recoveries"] == 0, logs
-    baseline = _baseline(tmp_path_factory, scripts_dir, "async")
+    baseline = _baseline(tmp_path_factory, scripts_dir, mode)
     done_by_1 = int(chief["ps_status"][0]["worker_batches"]["1"])
     assert PAUSE_AT - 2 <= done_by_1 <= PAUSE_AT - 1  # its last update may have been in flight
-    print(f"async: accuracy {chief['accuracy']:.4f} with worker 1 killed, {baseline:.4f} without; worker 1 "
+    print(f"{mode}: accuracy {chief['accuracy']:.4f} with worker 1 killed, {baseline:.4f} without; worker 1 "
           f"trained {done_by_1} of its {STEPS} batches: {STEPS - done_by_1} lost (not taken over)")
-    # the job lost a third of its batches (worker 1's, not taken over): measured 0.933 and 0.95 vs 0.958
-    assert chief["accuracy"] >= baseline - MARGIN["async"], (chief, baseline, logs)
+    # the job lost a third of its batches (worker 1's, not taken over): measured async 0.933, 0.95 vs 0.958 and
+    # 0.936 vs 0.930; SyncReplicas 0.936 vs 0.925. The training changes, as with a stopped worker: 2 points.
+    assert chief["accuracy"] >= baseline - max(MARGIN[mode], 0.02), (chief, baseline, logs)
 
 
 HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S = 1.0, 3.0
