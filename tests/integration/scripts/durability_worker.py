@@ -86,7 +86,10 @@ def evaluate_while_training(strategy, out):
     rounds = []
     for version in strategy.evaluation_rounds(interval_s=0.2):
         _, accuracy = model.evaluate(data.x_test.reshape(-1, 64), data.y_test, verbose=0)
-        incarnations = [st.get("incarnation") for st in strategy.ps_status()]
+        try:
+            incarnations = [st.get("incarnation") for st in strategy.ps_status()]
+        except tfdist.errors.PSUnavailableError:  # the job ended (or a task restarts) since the round began
+            incarnations = [None, None]
         rounds.append({"time": time.time(), "version": version, "accuracy": float(accuracy),
                        "incarnations": incarnations})
         open(os.path.join(out, "evaluating"), "a").close()  # the test waits for a first round
