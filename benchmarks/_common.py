@@ -321,3 +321,30 @@ def log_tail(p: subprocess.Popen, lines: int = 25) -> str:
 
 def python() -> str:
     return sys.executable
+
+
+def git_info(root: str) -> dict:
+    """The commit a benchmark ran at and how many tracked files differed from it."""
+    import subprocess
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    status = git("status", "--porcelain", "--untracked-files=no") or ""
+    return {"commit": git("rev-parse", "--short", "HEAD"), "modified_tracked_files": len(status.splitlines())}
+
+
+def package_versions(names=("tensorflow", "keras", "tf_keras", "grpcio", "numpy")) -> dict:
+    """Installed versions of ``names`` (``None`` where not installed)."""
+    from importlib import metadata
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out

@@ -31,19 +31,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks.recovery import _wait  # noqa: E402
+
 WORKER = os.path.join(ROOT, "tests", "integration", "scripts", "durability_worker.py")
 STEPS, PAUSE_AT, EVERY = 150, 60, 20
-
-
-def _wait_for(path: str, cluster, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        for task, proc in cluster.job.tasks.items():
-            if proc.poll() is not None:
-                raise RuntimeError(f"{task} exited {proc.poll()} early:\n{cluster.log(task)[-2000:]}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout} s")
-        time.sleep(0.05)
 
 
 def run_job(mode: str, fault: bool, log_dir: str) -> dict:
@@ -63,7 +54,8 @@ def run_job(mode: str, fault: bool, log_dir: str) -> dict:
     with LocalCluster(workers=2, ps=2, config=config, log_dir=os.path.join(work, "logs")) as cluster:
         cluster.start(WORKER, args)
         if fault:
-            _wait_for(os.path.join(out, "paused"), cluster, 240)
+            paused = os.path.join(out, "paused")
+            _wait(cluster, "the chief's pause", lambda: os.path.exists(paused), 240)
             cluster.kill("ps:1")
             open(os.path.join(out, "resume"), "w").close()
         cluster.wait(300)

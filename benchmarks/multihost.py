@@ -454,29 +454,6 @@ def write_docs(result: dict, path: str = DOCS) -> None:
 # ------------------------------------------------------------------- main ----------
 
 
-def _git() -> dict:
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    status = git("status", "--porcelain", "--untracked-files=no") or ""
-    return {"commit": git("rev-parse", "--short", "HEAD"), "modified_tracked_files": len(status.splitlines())}
-
-
-def _versions() -> dict:
-    from importlib import metadata
-
-    out = {}
-    for name in ("tensorflow", "keras", "grpcio", "numpy"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
 def _csv(text: str) -> list[str]:
     return [x for x in text.split(",") if x]
 
@@ -538,8 +515,8 @@ def main(argv=None) -> int:
         "command": "python " + shlex.join(["benchmarks/multihost.py", *(argv if argv is not None else sys.argv[1:])]),
         "quick": args.quick,
         "machine": _common.machine(),
-        "versions": _versions(),
-        "git": _git(),
+        "versions": _common.package_versions(("tensorflow", "keras", "grpcio", "numpy")),
+        "git": _common.git_info(ROOT),
         "load": {"at_start": _load()},
         "model": MODEL,
         "batch_per_worker": _common.BATCH,

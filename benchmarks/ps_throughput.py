@@ -49,7 +49,6 @@ import math
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -677,29 +676,6 @@ def write_docs(result: dict, path: str = DOCS) -> None:
 # ------------------------------------------------------------------- main ----------
 
 
-def _git() -> dict:
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    status = git("status", "--porcelain", "--untracked-files=no") or ""
-    return {"commit": git("rev-parse", "--short", "HEAD"), "modified_tracked_files": len(status.splitlines())}
-
-
-def _versions() -> dict:
-    from importlib import metadata
-
-    out = {}
-    for name in ("tensorflow", "keras", "tf_keras", "grpcio", "numpy"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="short smoke version (~1-2 minutes)")
@@ -748,8 +724,8 @@ def main(argv=None) -> int:
         "command": "python " + shlex.join(["benchmarks/ps_throughput.py", *(argv if argv is not None else sys.argv[1:])]),
         "quick": args.quick,
         "machine": _common.machine(),
-        "versions": _versions(),
-        "git": _git(),
+        "versions": _common.package_versions(),
+        "git": _common.git_info(ROOT),
         "source_note": args.source_note,
         "load": wait_quiet(args.wait_quiet, args.quiet_load),
         "batch_per_worker": _common.BATCH,
