@@ -83,6 +83,14 @@ class ParameterServerExtended(OneDeviceExtended):
                 "model.compile(..., jit_compile=True). Compile with jit_compile=False (or leave it at 'auto')."
             )
         runtime = self._runtime
+        if runtime.local_only():
+            # One process, nothing to exchange: Keras's step and a step counter (README "Single process").
+            self._tracing_training_step = False
+            result = super()._call_for_each_replica(fn, args, kwargs)
+            runtime.end_of_step_done_tracing()
+            if not (self._tracing_training_step and runtime.variables):
+                return result
+            return _with_stats(result, runtime.build_local_end_of_step())
         trace = {"training": False}  # known once fn is traced; read when the step runs
 
         def begin():
@@ -103,9 +111,15 @@ class ParameterServerExtended(OneDeviceExtended):
         # update, which made a DTSSP job's variance negative and its steps NaN.)
         with tf.control_dependencies([began]):
             stats = runtime.build_end_of_step(result)
-        if isinstance(result, dict):
-            result = dict(result)
-            stats = tf.ensure_shape(stats, [len(STAT_NAMES)])
-            for i, name in enumerate(STAT_NAMES):
-                result[name] = stats[i]
+        return _with_stats(result, stats)
+
+
+def _with_stats(result, stats: tf.Tensor):
+    """The step's logs with the ``ps_*`` statistics added (when Keras's step returns a dict)."""
+    if not isinstance(result, dict):
         return result
+    result = dict(result)
+    stats = tf.ensure_shape(stats, [len(STAT_NAMES)])
+    for i, name in enumerate(STAT_NAMES):
+        result[name] = stats[i]
+    return result

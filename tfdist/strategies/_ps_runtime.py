@@ -119,6 +119,9 @@ class VariableRegistry:
         self.derived = DerivedStateLayers()
         #: Keys of variables written locally since the marks were last cleared (see the class doc).
         self.written: set[str] = set()
+        #: Called before a local write is marked (the runtime sends steps held back first, so a held
+        #: training update and a later local write never travel as one delta).
+        self.before_local_write: Callable[[], None] | None = None
         self._own_write = False
         self._kept_logged: frozenset[str] = frozenset()
 
@@ -156,6 +159,8 @@ class VariableRegistry:
 
             def write(*args, _original=original, **kwargs):
                 if not self._own_write and tf.executing_eagerly():
+                    if self.before_local_write is not None:
+                        self.before_local_write()
                     self.written.add(key)
                 return _original(*args, **kwargs)
 
@@ -387,6 +392,10 @@ class PSRuntime:
 
     def _new_session(self, *args, **kwargs) -> WorkerSession:
         raise NotImplementedError
+
+    def local_only(self) -> bool:
+        """Whether training steps skip the exchange entirely (one process, nothing to exchange)."""
+        return False
 
     def _recovering(self, call: Callable[[], Any]) -> Any:
         """Runs ``call`` (an exchange with the PS); if a PS task was lost or restarted, recovers and returns None.
@@ -671,19 +680,67 @@ class UpdatePathRuntime(PSRuntime):
         self.overlap = asp and config.strategy.overlap_exchange
         #: ASP: exchange after every k-th step; the steps in between stay local (``strategy.exchange_every``).
         self.exchange_every = config.strategy.exchange_every if asp else 1
-        if asp and single_process and self.exchange_every == 1 and not config.ps.checkpoint_dir:
-            # One worker and its in-process PS: nobody else reads the PS, so the steps stay local and
-            # reach it every SINGLE_PROCESS_EXCHANGE_EVERY steps and before every read (evaluate,
-            # predict, pull, ps_status, checkpoint): training costs about what plain Keras costs.
+        #: One worker and its in-process PS (no cluster, no checkpoints), pure ASP: nobody else reads the
+        #: PS, so a training step is Keras's own step plus a step counter (no exchange, no py_function);
+        #: the PS learns of the steps when something reads it (pull, ps_status, checkpoint, the end).
+        #: Decided for good when the first step is traced (:meth:`local_only`).
+        self._local_only: bool | None = (
+            None if asp and single_process and self.exchange_every == 1 and not config.ps.checkpoint_dir
+            else False)
+        self._local_steps: tf.Variable | None = None
+        self._local_steps_counted = 0
+        if self._local_only is None:
+            # A PS-resident table needs its exchange every step: then the steps stay local for
+            # SINGLE_PROCESS_EXCHANGE_EVERY steps and reach the PS before every read instead.
             self.exchange_every = SINGLE_PROCESS_EXCHANGE_EVERY
+            with tf.init_scope():
+                self._local_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_local_steps")
         self.blocked_time_waits_for_peers = not asp
         self._unsent_steps = 0
+        # Steps held back are sent before a local write, so the two never travel as one update (and
+        # pull(keep_local_writes=False) can drop the write and keep the steps).
+        self._flushing_for_write = False
+        self.registry.before_local_write = self._flush_before_local_write
         self._send: Callable[[dict, float | None, int], None] = (
             self._send_overlapped if self.overlap else self._send_blocking)
 
     def _new_session(self, *args, **kwargs) -> WorkerSession:
         return UpdateSession(*args, staleness=self.policy.staleness,
                              refresh_every_step=self.policy.refresh_every_step, **kwargs)
+
+    def local_only(self) -> bool:
+        """Whether training steps run without any exchange (see ``_local_only``); fixed at the first call."""
+        if self._local_only is None:
+            self._local_only = not self._tables and self.slowdown is None and self.warmup_left == 0
+        return self._local_only
+
+    def build_local_end_of_step(self) -> tf.Tensor:
+        """The end of a local-only training step: counts it; its stats (the job's step is this count)."""
+        step = tf.cast(self._local_steps.assign_add(1), tf.float32)
+        return tf.stack([step, 0.0, 0.0, -1.0, 0.0])
+
+    def _count_local_steps(self) -> None:
+        """Local-only: the steps the graph counted since the last look become unsent steps."""
+        if self._local_steps is None or not self._local_only:
+            return
+        done = int(self._local_steps.numpy())
+        self._unsent_steps += done - self._local_steps_counted
+        self._local_steps_counted = done
+
+    def _flush_before_local_write(self) -> None:
+        if self._flushing_for_write or self.worker_id < 0:
+            return
+        self._flushing_for_write = True
+        try:
+            if self._local_only and self.session is None:  # the PS has not seen this process's steps yet
+                self._count_local_steps()
+                if self._unsent_steps:
+                    self.ensure_session()  # initialised with the values before the write
+            self.flush_local_steps()
+        except Exception as e:  # the write goes on; the held steps then travel with it
+            logger.warning("worker %d: could not send held steps before a local write: %s", self.worker_id, e)
+        finally:
+            self._flushing_for_write = False
 
     def build_end_of_step(self, result) -> tf.Tensor:
         loss, has_loss = _loss_input(result)
@@ -733,7 +790,8 @@ class UpdatePathRuntime(PSRuntime):
             self.registry.add(corrections)
 
     def flush_local_steps(self) -> None:
-        """Sends the local steps an ``exchange_every`` > 1 has held back, and loads fresh values."""
+        """Sends the local steps an ``exchange_every`` > 1 (or a local-only process) held back; loads fresh values."""
+        self._count_local_steps()
         if not self._unsent_steps or self.session is None or self.worker_id < 0 or self._left:
             return
         steps, self._unsent_steps = self._unsent_steps, 0

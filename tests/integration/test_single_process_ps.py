@@ -1,0 +1,95 @@
+"""One process, no cluster (README "Single process"): async training is Keras's own step (issue #15 item 10).
+
+The steps exchange nothing (no py_function runs during ``fit``); the
+in-process PS learns of them when something reads it, and a local write
+never travels in one update with held training steps.
+"""
+
+import numpy as np
+import pytest
+
+from tfdist.datasets import load_digits
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _model(lr=0.05):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(keras.optimizers.SGD(lr), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    for name in ("TF_CONFIG", "TFDIST_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_async_training_exchanges_nothing_and_equals_plain_keras(no_cluster, monkeypatch):
+    import tfdist
+
+    data = load_digits()
+    x, y = data.x_train.reshape(-1, 64), data.y_train
+    plain = _model()
+    plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+
+    strategy = tfdist.ParameterServerStrategy()
+    runtime = strategy._runtime
+    calls = []
+    for name in ("begin_step", "end_step"):  # the per-step exchange of a cluster job
+        original = getattr(runtime, name)
+        monkeypatch.setattr(runtime, name, lambda *a, _o=original, _n=name, **k: (calls.append(_n), _o(*a, **k))[1])
+    try:
+        with strategy.scope():
+            model = _model()
+        history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+        steps = 2 * int(np.ceil(len(x) / 32))
+        assert calls == [], calls[:5]
+        assert history.history["ps_step"][-1] == steps  # the job's step count is this process's
+        for got, want in zip(model.get_weights(), plain.get_weights()):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        model.evaluate(x, y, verbose=0)
+        assert calls == []
+
+        status = strategy.ps_status()[0]  # a read: the held steps reach the PS first
+        assert status["worker_batches"] == {"0": steps}
+        trained = model.get_weights()
+        strategy.pull(keep_local_writes=False)  # the PS holds exactly the local state
+        for got, want in zip(model.get_weights(), trained):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+    finally:
+        strategy.shutdown()
+
+
+def test_a_write_after_held_steps_can_be_discarded_without_losing_the_steps(no_cluster):
+    import tfdist
+
+    data = load_digits()
+    x, y = data.x_train.reshape(-1, 64), data.y_train
+    strategy = tfdist.ParameterServerStrategy()
+    try:
+        with strategy.scope():
+            model = _model()
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # held steps: the PS has not seen them
+        trained = model.get_weights()
+        model.set_weights([np.zeros_like(w) for w in trained])  # the held steps are sent before the write
+        strategy.pull()  # keeps the write
+        assert all(not w.any() for w in model.get_weights())
+        strategy.pull(keep_local_writes=False)  # the job's state: the trained steps, not the initial values
+        for got, want in zip(model.get_weights(), trained):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+        # A write followed by training: the next read sends both (the write reached the job with the step).
+        model.set_weights([w * 0.5 for w in trained])
+        model.fit(x[:32], y[:32], batch_size=32, epochs=1, verbose=0)
+        after = model.get_weights()
+        strategy.pull(keep_local_writes=False)
+        for got, want in zip(model.get_weights(), after):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+        assert strategy.ps_status()[0]["worker_batches"] == {"0": int(np.ceil(len(x) / 32)) + 1}
+    finally:
+        strategy.shutdown()
