@@ -38,6 +38,7 @@ setup(
             "ipykernel>=6.29",
             "matplotlib>=3.8",
             "tf-keras>=2.21,<2.22",  # the test that tf-keras models are refused
+            "setproctitle>=1.3",  # forked tasks (TFDIST_FAST_START) show their own command line in ps
         ],
         "bench": ["tf-keras>=2.21,<2.22", "psutil>=5.9", "flwr[simulation]>=1.20"],
     },

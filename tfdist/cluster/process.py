@@ -66,6 +66,7 @@ class TaskProcess:
         forward_stderr: bool = True,
         out: IO[str] | None = None,
         tail_lines: int = 40,
+        fast_start: bool = False,
     ):
         self.task = task
         self.argv = list(argv)
@@ -80,6 +81,10 @@ class TaskProcess:
         self._log = None
         self._write_lock = threading.Lock()
         self.started_at: float | None = None
+        #: Fork the task from a zygote that imported TensorFlow once (:mod:`tfdist.cluster.zygote`).
+        self.fast_start = fast_start
+        #: Whether this task was forked from the zygote.
+        self.forked = False
 
     @property
     def prefix(self) -> str:
@@ -89,7 +94,9 @@ class TaskProcess:
         if self.log_path:
             os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
             self._log = open(self.log_path, "a", encoding="utf-8", errors="replace")
-        self.proc = subprocess.Popen(
+        self.proc = self._fork() if self.fast_start else None
+        self.forked = self.proc is not None
+        self.proc = self.proc or subprocess.Popen(
             _with_parent_death_signal(self.argv),
             env=self.env,
             stdin=subprocess.DEVNULL,
@@ -107,6 +114,21 @@ class TaskProcess:
             self._pumps.append(t)
         logger.debug("started %s (pid %d): %s", self.task, self.proc.pid, " ".join(self.argv))
         return self
+
+    def _fork(self):
+        """The task forked from this process's zygote, or None when it must start the usual way."""
+        from tfdist.cluster import zygote
+
+        if not zygote.can_fork():
+            return None
+        z = zygote.zygote(self.env)
+        if z is None or not z.accepts(self.argv, self.env):
+            return None
+        try:
+            return z.spawn(self.argv, self.env)
+        except Exception as e:
+            logger.warning("could not fork %s from the zygote (%s); starting it the usual way", self.task, e)
+            return None
 
     def _pump(self, stream, forward: bool) -> None:
         for line in iter(stream.readline, ""):

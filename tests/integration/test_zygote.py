@@ -1,0 +1,162 @@
+"""Fast start (tfdist/cluster/zygote.py): a forked task behaves like ``python script.py`` started fresh.
+
+Real processes: the zygote imports TensorFlow once; each task is forked from
+it and must get its own arguments, environment, working directory, output
+pipes, exit code (by ``sys.exit``, by an exception, by a signal), ``atexit``
+handlers and random state, and must die with its launcher.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tfdist.cluster.process import TaskProcess
+from tfdist.config import TaskSpec
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "task.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def _run(tmp_path, body, args=(), env=None, timeout=60.0):
+    task = TaskProcess(TaskSpec("worker", 0), [sys.executable, _script(tmp_path, body), *args],
+                       {**os.environ, **(env or {})}, log_path=str(tmp_path / "log.txt"),
+                       forward_stdout=False, forward_stderr=False, fast_start=True)
+    task.start()
+    try:
+        code = task.wait(timeout)
+        assert code is not None, "the task did not end in time"
+    finally:
+        task.stop(grace=1.0)
+    return task, code, (tmp_path / "log.txt").read_text()
+
+
+def test_a_forked_task_gets_its_argv_env_cwd_output_and_exit_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    task, code, log = _run(tmp_path, """
+        import atexit, os, sys
+        import tensorflow as tf
+        atexit.register(lambda: print("atexit ran", flush=True))
+        print("argv", sys.argv[1:], "name", __name__, "file", os.path.basename(__file__))
+        print("env", os.environ["MY_VALUE"], "cwd", os.getcwd())
+        print("tf", tf.reduce_sum(tf.constant([1.0, 2.0])).numpy())
+        print("to stderr", file=sys.stderr)
+        sys.exit(3)
+    """, args=["a", "b c"], env={"MY_VALUE": "42"})
+    assert task.forked
+    assert code == 3, log
+    assert "argv ['a', 'b c'] name __main__ file task.py" in log
+    assert f"env 42 cwd {tmp_path}" in log
+    assert "tf 3.0" in log and "to stderr" in log and "atexit ran" in log
+
+
+def test_an_exception_exits_1_with_its_traceback(tmp_path):
+    task, code, log = _run(tmp_path, "raise ValueError('broken on purpose')\n")
+    assert task.forked and code == 1
+    assert "ValueError: broken on purpose" in log and "Traceback" in log
+
+
+def test_signals_reach_the_task_and_its_exit_says_so(tmp_path):
+    path = _script(tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    task = TaskProcess(TaskSpec("worker", 0), [sys.executable, path], dict(os.environ),
+                       forward_stdout=False, forward_stderr=False, fast_start=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        while "up" not in task.tail and time.monotonic() < deadline:
+            task.wait(0.1)
+        assert task.forked and "up" in task.tail
+        task.signal(signal.SIGSTOP)
+        assert _state(task.pid) == "T"
+        task.signal(signal.SIGCONT)
+        task.kill()
+        assert task.poll() == -signal.SIGKILL
+        assert "killed by SIGKILL" in task.describe_exit()
+    finally:
+        task.stop(grace=1.0)
+
+
+def _state(pid: int, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state == "T" or time.monotonic() > deadline:
+            return state
+        time.sleep(0.05)
+
+
+def test_every_task_has_its_own_random_state(tmp_path):
+    body = "import random, numpy as np\nprint('draw', random.random(), np.random.rand())\n"
+    draws = {_run(tmp_path, body)[2].split("draw")[-1].strip() for _ in range(2)}  # the log is appended to
+    assert len(draws) == 2
+
+
+def test_an_import_time_variable_that_differs_starts_the_task_the_usual_way(tmp_path):
+    task, code, log = _run(tmp_path, "import os\nprint('backend', os.environ['KERAS_BACKEND'])\n",
+                           env={"KERAS_BACKEND": "tensorflow", "TF_USE_LEGACY_KERAS": "0"})
+    assert code == 0 and "backend tensorflow" in log
+    assert not task.forked
+
+
+def test_forked_tasks_die_with_their_launcher(tmp_path):
+    """SIGKILL the launching process: its zygote and every task it forked go too (no orphans)."""
+    task_script = _script(tmp_path, "import time\nprint('task up', flush=True)\ntime.sleep(300)\n")
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(textwrap.dedent(f"""
+        import os, sys, time
+        from tfdist.cluster.process import TaskProcess
+        from tfdist.config import TaskSpec
+        task = TaskProcess(TaskSpec("worker", 0), [sys.executable, {task_script!r}], dict(os.environ),
+                           forward_stdout=False, forward_stderr=False, fast_start=True).start()
+        while "task up" not in task.tail:
+            time.sleep(0.05)
+        print("pid", task.pid, task.forked, flush=True)
+        time.sleep(300)
+    """))
+    proc = subprocess.Popen([sys.executable, str(launcher)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("pid") and line.split()[2] == "True", line
+        pid = int(line.split()[1])
+        assert os.path.exists(f"/proc/{pid}")
+    finally:
+        proc.kill()
+        proc.wait(10)
+    deadline = time.monotonic() + 20
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "a forked task outlived its launcher"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_forked_task_shows_its_own_command_line(tmp_path):
+    """``ps``/psutil find a task by its command line (the suite's orphan checks do)."""
+    import psutil
+
+    path = _script(tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    task = TaskProcess(TaskSpec("worker", 0), [sys.executable, path, "--tag", "xyz"], dict(os.environ),
+                       forward_stdout=False, forward_stderr=False, fast_start=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        while "up" not in task.tail and time.monotonic() < deadline:
+            task.wait(0.1)
+        assert task.forked
+        assert f"{path} --tag xyz" in " ".join(psutil.Process(task.pid).cmdline())
+    finally:
+        task.stop(grace=1.0)
