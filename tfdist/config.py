@@ -348,6 +348,11 @@ class PSConfig:
             onto the least-loaded task). Defaults to ``"round_robin"``.
         partition_threshold_bytes: Variables larger than this are split by rows
             across all PS tasks. Defaults to ``None`` (never split).
+        resident_threshold_bytes: A ``keras.layers.Embedding`` whose table is
+            at least this large lives only on the PS tasks, as a
+            ``tfdist.layers.ShardedEmbedding`` would (rows split over the tasks,
+            looked up and updated per row), without changing the model.
+            Defaults to ``None`` (only ``ShardedEmbedding`` layers do).
         rpc_timeout_s: Deadline of every worker→PS call. Defaults to 30.
         startup_timeout_s: How long a worker waits for a PS to answer at start
             and for the chief to initialise the variables. Defaults to 120.
@@ -392,6 +397,7 @@ class PSConfig:
 
     placement: str = "round_robin"
     partition_threshold_bytes: int | None = None
+    resident_threshold_bytes: int | None = None
     rpc_timeout_s: float = constants.DEFAULT_RPC_TIMEOUT_S
     startup_timeout_s: float = constants.DEFAULT_STARTUP_TIMEOUT_S
     max_message_bytes: int = constants.DEFAULT_MAX_MESSAGE_BYTES
@@ -428,6 +434,13 @@ class PSConfig:
                         "Give a finite positive number of updates per second, or null for no cap.")
         if self.placement not in ("round_robin", "greedy"):
             raise _fail("ps.placement", self.placement, 'Use "round_robin" or "greedy".')
+        if self.resident_threshold_bytes is not None and (
+            not isinstance(self.resident_threshold_bytes, int) or isinstance(self.resident_threshold_bytes, bool)
+            or self.resident_threshold_bytes <= 0
+        ):
+            raise _fail("ps.resident_threshold_bytes", self.resident_threshold_bytes,
+                        "Give a positive number of bytes (an Embedding table at least this large lives on the PS "
+                        "tasks), or null.")
         if self.partition_threshold_bytes is not None and (
             not _is_number(self.partition_threshold_bytes) or not isinstance(self.partition_threshold_bytes, int)
             or self.partition_threshold_bytes <= 0

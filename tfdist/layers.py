@@ -31,34 +31,11 @@ import tensorflow as tf
 
 from tfdist.errors import ConfigError
 from tfdist.strategies._row_optimizer import row_optimizer_spec  # re-exported
+from tfdist.strategies._tables import current_ps_runtime, gather_table, initializer_spec, lookup
 
 __all__ = ["ShardedEmbedding", "row_optimizer_spec"]
 
 logger = logging.getLogger(__name__)
-
-
-def _initializer_spec(initializer: Any) -> dict[str, Any] | None:
-    """The PS-side initialiser for a Keras initializer (``None``: the PS cannot run it)."""
-    init = keras.initializers.get(initializer)
-    name = type(init).__name__
-    config = init.get_config()
-    if name == "RandomUniform":
-        return {"kind": "uniform", "minval": float(config["minval"]), "maxval": float(config["maxval"])}
-    if name == "RandomNormal":
-        return {"kind": "normal", "mean": float(config["mean"]), "stddev": float(config["stddev"])}
-    if name == "TruncatedNormal":
-        return {"kind": "truncated_normal", "mean": float(config["mean"]), "stddev": float(config["stddev"])}
-    if name == "Zeros":
-        return {"kind": "zeros"}
-    return None
-
-
-def _ps_runtime():
-    """The PS runtime of the tfdist strategy in scope, or ``None``."""
-    from tfdist.strategies.parameter_server import ParameterServerStrategy
-
-    strategy = tf.distribute.get_strategy()
-    return strategy._runtime if isinstance(strategy, ParameterServerStrategy) else None  # noqa: SLF001
 
 
 @keras.saving.register_keras_serializable(package="tfdist")
@@ -91,8 +68,8 @@ class ShardedEmbedding(keras.layers.Layer):
         self._runtime = None
 
     def build(self, input_shape=None):
-        runtime = _ps_runtime()
-        init = _initializer_spec(self.embeddings_initializer)
+        runtime = current_ps_runtime()
+        init = initializer_spec(self.embeddings_initializer)
         if runtime is None:  # plain Keras: an ordinary embedding
             self.embeddings = self.add_weight(shape=(self.input_dim, self.output_dim), name="embeddings",
                                               initializer=self.embeddings_initializer)
@@ -118,17 +95,14 @@ class ShardedEmbedding(keras.layers.Layer):
             if inputs.dtype != "int32" and inputs.dtype != "int64":
                 inputs = keras.ops.cast(inputs, "int32")
             return keras.ops.take(self.embeddings, inputs, axis=0)
-        return _lookup(self._runtime, self._table_key, self.output_dim, inputs, self._anchor.value)
+        return lookup(self._runtime, self._table_key, self.output_dim, inputs, self._anchor.value)
 
     # ------------------------------------------------------------------ saving
     def table_values(self, chunk_rows: int = 65536) -> np.ndarray:
         """The whole table as one array (gathered from the PS tasks, ``chunk_rows`` rows per request)."""
         if not self.resident:
             return np.asarray(self.embeddings.numpy())
-        parts = [self._runtime.read_rows(self._table_key, np.arange(start, min(start + chunk_rows, self.input_dim),
-                                                                     dtype=np.int64))
-                 for start in range(0, self.input_dim, chunk_rows)]
-        return np.concatenate(parts, axis=0)
+        return gather_table(self._runtime, self._table_key, self.input_dim, chunk_rows)
 
     def save_own_variables(self, store):
         """``model.save``/``save_weights``: the table as ``keras.layers.Embedding`` saves it (gathered from the PS).
@@ -169,28 +143,3 @@ class ShardedEmbedding(keras.layers.Layer):
                 "mask_zero": self.mask_zero, "optimizer": self.row_optimizer, "seed": self.seed}
 
 
-def _lookup(runtime, key: str, dim: int, inputs, anchor):
-    ids = tf.cast(inputs, tf.int64)
-    flat = tf.reshape(ids, [-1])
-    unique, index = tf.unique(flat)
-
-    @tf.custom_gradient
-    def fetch(unique_ids, anchor_value):
-        rows = tf.py_function(lambda u: runtime.lookup_rows(key, u.numpy()), [unique_ids], tf.float32,
-                              name="tfdist_lookup_rows")
-        rows = tf.ensure_shape(rows, [None, dim])
-
-        def grad(d_rows):
-            d_rows = tf.convert_to_tensor(d_rows)  # from the gather: IndexedSlices over the unique rows
-            def push(u, g):
-                runtime.push_rows(key, u.numpy(), g.numpy())
-                return np.float32(0.0)
-
-            sent = tf.reshape(tf.py_function(push, [unique_ids, d_rows], tf.float32, name="tfdist_push_rows"), [])
-            return None, tf.zeros_like(anchor_value) + 0.0 * sent  # the push runs before the anchor's update
-
-        return rows, grad
-
-    rows = fetch(unique, anchor)
-    out = tf.gather(rows, index)
-    return tf.reshape(out, tf.concat([tf.shape(ids), [dim]], axis=0))

@@ -43,6 +43,7 @@ from tfdist.straggler.events import StragglerListener
 from tfdist.straggler.membership import StragglerEngine
 from tfdist.strategies._ps_extended import ParameterServerExtended
 from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter, make_runtime
+from tfdist.strategies._tables import install_resident_embeddings
 
 __all__ = ["ParameterServerStrategy", "SyncReplicasStrategy", "BSPStrategy", "SSPStrategy", "DTSSPStrategy",
            "default_variable_filter", "STAT_NAMES"]
@@ -121,6 +122,10 @@ class ParameterServerStrategy(StrategyBase):
         overlap_exchange: bool | None = None,
         exchange_every: int | None = None,
     ):
+        #: A task of a launched job (its cluster and task from TF_CONFIG/TFDIST_CONFIG), not a strategy a program
+        #: (a test, a notebook) built with explicit arguments: only such a process bounds its own exit.
+        self._task_process = cluster is None and task is None and bool(
+            os.environ.get(constants.ENV_TF_CONFIG) or os.environ.get(constants.ENV_CONFIG))
         config, task = _resolve(cluster, task, config)
         if isinstance(consistency, str):
             config.strategy = dataclasses.replace(config.strategy, consistency=consistency)
@@ -164,6 +169,8 @@ class ParameterServerStrategy(StrategyBase):
             )
         self._runtime = make_runtime(config, task, token, variable_filter or default_variable_filter, policy_spec,
                                      single_process=self._local_server is not None)
+        if config.ps.resident_threshold_bytes is not None:  # large keras.layers.Embedding tables on the PS
+            install_resident_embeddings()
         super().__init__(ParameterServerExtended(self, self._runtime))
         # Keras builds from the dataset's element spec: no throwaway iterator (a SIGSEGV in TF 2.21 at times).
         build_from_element_spec(self)
@@ -411,7 +418,7 @@ class ParameterServerStrategy(StrategyBase):
     def _at_exit(self) -> None:
         in_cluster = self._local_server is None
         self.shutdown()
-        if in_cluster:
+        if in_cluster and self._task_process:
             _arm_exit_watchdog()
 
     def shutdown(self) -> None:
