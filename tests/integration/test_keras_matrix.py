@@ -87,3 +87,16 @@ def test_round_trips_and_preprocessing(matrix, mode):
         assert r["accuracy"] > 0.6, r
     # only the chief adapted Normalization; the other worker computes with the chief's statistics
     assert chief["norm_matches_data"] and other["norm_matches_data"], (chief["norm_mean"], other["norm_mean"])
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "all_reduce"])
+@pytest.mark.parametrize("me", [0, 1])
+def test_ps_resident_tables_work_in_every_ps_mode(matrix, mode, me):
+    """A ShardedEmbedding and an Embedding above ps.resident_threshold_bytes live on the PS; saved, they load plainly."""
+    t = _ok(matrix, mode, me)["tables"]
+    assert t["tables"] == [[200, 4], [200, 8]], t  # both on the PS; the small Embedding is not
+    assert [200, 8] not in t["local_shapes"] and [16, 2] in t["local_shapes"], t
+    assert all(math.isfinite(v) for v in t["loss"]) and math.isfinite(t["evaluate_loss"]), t
+    assert t["updates"] >= 6, t  # row updates applied on the PS (per table, per step or aggregated step)
+    assert t["plain_max_diff"] < 1e-5, t  # the model saved from the job predicts the same in plain Keras
+    assert t["plain_types"] == ["Embedding", "Embedding", "ShardedEmbedding"], t

@@ -160,3 +160,13 @@ def test_a_forked_task_shows_its_own_command_line(tmp_path):
         assert f"{path} --tag xyz" in " ".join(psutil.Process(task.pid).cmdline())
     finally:
         task.stop(grace=1.0)
+
+
+def test_a_missing_script_exits_2_as_python_does(tmp_path):
+    task = TaskProcess(TaskSpec("worker", 0), [sys.executable, str(tmp_path / "missing.py")], dict(os.environ),
+                       forward_stdout=False, forward_stderr=False, fast_start=True).start()
+    try:
+        assert task.wait(60) == 2 and task.forked
+        assert "can't open file" in "\n".join(task.tail)
+    finally:
+        task.stop(grace=1.0)

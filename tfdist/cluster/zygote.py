@@ -384,6 +384,10 @@ def _child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: int) 
             sys.path[0] = os.getcwd()
             runpy.run_module(name, run_name="__main__", alter_sys=True)
         else:
+            if not os.path.isfile(name):  # as CPython says it, with its exit code
+                print(f"{request['argv'][0]}: can't open file {os.path.abspath(name)!r}: [Errno 2] No such file or "
+                      "directory", file=sys.stderr)
+                raise SystemExit(2)
             sys.argv = [name, *args]
             sys.path[0] = os.path.dirname(os.path.abspath(name))
             runpy.run_path(name, run_name="__main__")

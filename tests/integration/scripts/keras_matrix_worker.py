@@ -16,7 +16,11 @@ Dense → Dense) on digits:
   BackupAndRestore, EarlyStopping(restore_best_weights), TensorBoard,
   ReduceLROnPlateau, LearningRateScheduler, CSVLogger;
 * round trips: evaluate, predict, ``model.save`` + ``load_model``;
-* a stateful preprocessing layer (``Normalization``) adapted on the chief only.
+* a stateful preprocessing layer (``Normalization``) adapted on the chief only;
+* PS modes: tables (a ``ShardedEmbedding`` and a ``keras.layers.Embedding``
+  above ``ps.resident_threshold_bytes``, both PS-resident, and a small
+  replicated ``Embedding``): fit, evaluate, predict, save, and the saved
+  model loaded into plain Keras outside the strategy.
 
 Writes ``<out>/<mode>-worker-<id>.json`` with what the test asserts, or the
 error of the first case that failed (``"error"``, with its traceback).
@@ -26,6 +30,7 @@ import argparse
 import glob
 import json
 import os
+import time
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -33,6 +38,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfdist.collective  # noqa: E402  (no TF op before the all-reduce group is configured)
 
 STEPS, BATCH, EPOCHS, LR = 6, 32, 3, 1e-2
+#: The tables case: a ShardedEmbedding and a keras.layers.Embedding over ps.resident_threshold_bytes (both on
+#: the PS), and a small Embedding under it (replicated).
+VOCAB, RESIDENT_THRESHOLD = 200, 4096
 
 
 def make_strategy(mode, cluster, me, token, ps_index, group):
@@ -41,7 +49,7 @@ def make_strategy(mode, cluster, me, token, ps_index, group):
     if mode == "all_reduce":
         return tfdist.AllReduceStrategy(group=group)
     one = dict(cluster={"worker": cluster["worker"], "ps": [cluster["ps"][ps_index]]}, task=f"worker:{me}",
-               token=token)
+               token=token, config={"ps": {"resident_threshold_bytes": RESIDENT_THRESHOLD}})
     return {
         "async": lambda: tfdist.ParameterServerStrategy(**one),
         "ssp": lambda: tfdist.SSPStrategy(staleness=2, **one),
@@ -75,6 +83,7 @@ def run_mode(mode, strategy, out, me, data):
     result = {"mode": mode, "worker": me, "cases": {}}
     cases = result["cases"]
 
+    tables_model = build_tables_model(strategy) if hasattr(strategy, "tables") else None
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = keras.Sequential([keras.Input((64,)), keras.layers.Normalization(name="norm"),
@@ -152,7 +161,65 @@ def run_mode(mode, strategy, out, me, data):
         "norm_mean": np.asarray(norm.mean).ravel()[:8].tolist(),
         "norm_matches_data": bool(np.allclose(np.asarray(norm.mean).ravel(), x.mean(axis=0), atol=1e-4)),
     }
+    if tables_model is not None:
+        cases["tables"] = run_tables(strategy, tables_model, work, me)
     return result
+
+
+def build_tables_model(strategy):
+    """The tables case's model (built before the job's first step: tables are fixed when the PS initialises)."""
+    import keras
+
+    import tfdist
+
+    keras.utils.set_random_seed(3)
+    with strategy.scope():
+        inp = keras.Input((5,), dtype="int64")
+        a = keras.layers.GlobalAveragePooling1D()(tfdist.layers.ShardedEmbedding(VOCAB, 4, name="sharded")(inp))
+        b = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(VOCAB, 8, name="over")(inp))  # 6.4 kB
+        c = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(16, 2, name="under")(inp % 16))
+        out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Concatenate()([a, b, c]))
+        model = keras.Model(inp, out)
+        model.compile(keras.optimizers.Adagrad(0.1), "binary_crossentropy")
+    return model
+
+
+def run_tables(strategy, model, work, me):
+    """PS-resident tables under this mode: fit, evaluate, predict, save, load into plain Keras."""
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, VOCAB, size=(STEPS * BATCH * 2, 5)).astype(np.int64)
+    y = (ids[:, 0] % 2).astype(np.float32)
+    mine_ids, mine_y = ids[me::2], y[me::2]
+    history = model.fit(mine_ids, mine_y, batch_size=BATCH, epochs=1, verbose=0)
+    # Both workers done training before the reads below: under async the other's steps would otherwise change
+    # the table between this worker's predict and its save.
+    mode = os.path.basename(work).rsplit("-", 1)[0]
+    open(os.path.join(work, os.pardir, f"{mode}-tables-trained-{me}"), "w").close()
+    other = os.path.join(work, os.pardir, f"{mode}-tables-trained-{1 - me}")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(other):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other worker did not finish the tables case within 120 s")
+        time.sleep(0.05)
+    strategy.pull()
+    loss = model.evaluate(ids[:64], y[:64], verbose=0)
+    predictions = model.predict(ids[:64], verbose=0)
+    path = os.path.join(work, "tables.keras")
+    model.save(path)
+    # Outside the strategy's scope: ordinary Embeddings. compile=False: the file's optimizer state is the job's
+    # (a table's own is on the PS), which does not fit local tables (docs/sparse.md).
+    plain = keras.models.load_model(path, compile=False)
+    return {
+        "loss": [float(v) for v in history.history["loss"]], "evaluate_loss": float(loss),
+        "tables": sorted((t["rows"], t["dim"]) for t in strategy.tables()),
+        "local_shapes": sorted(list(map(int, w.shape)) for w in model.weights if len(w.shape) == 2),
+        "updates": sum(t["updates"] for st in strategy.ps_status() for t in st["tables"].values()),
+        "plain_max_diff": float(np.max(np.abs(plain.predict(ids[:64], verbose=0) - predictions))),
+        "plain_types": sorted(type(plain.get_layer(n)).__name__ for n in ("sharded", "over", "under")),
+    }
 
 
 def main():
