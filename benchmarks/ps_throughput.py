@@ -8,6 +8,8 @@ Prints one JSON document. Measures, on this machine in one run:
 
    * ``plain``        — single-process Keras 3 ``fit``;
    * ``tfdist_single`` — ``tfdist.ParameterServerStrategy()`` with no cluster (one process, in-process PS);
+   * ``tf_onedevice`` — TF's own ``tf.distribute.OneDeviceStrategy`` (one process): what any
+     ``tf.distribute`` strategy costs Keras over plain ``fit`` (its distributed step and input path);
    * ``tfdist_1w1ps`` — ``tfdist.ParameterServerStrategy``, 1 worker + 1 PS;
    * ``tfdist_2w2ps`` — 2 workers + 2 PS (async, a sync with the PS every step);
    * ``mwms``         — ``tf.distribute.MultiWorkerMirroredStrategy``, 2 worker
@@ -64,12 +66,13 @@ WORKERS = os.path.join(ROOT, "benchmarks", "ps_workers")
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 SECTION = "parameter-server"  # the marked section of docs/benchmarks.md this script rewrites
 
-CONFIGS = ("plain", "tfdist_single", "tfdist_1w1ps", "tfdist_2w2ps", "mwms", "tf_pss", "mwms_split", "tfdist_2w2ps_k4")
+CONFIGS = ("plain", "tfdist_single", "tf_onedevice", "tfdist_1w1ps", "tfdist_2w2ps", "mwms", "tf_pss", "mwms_split", "tfdist_2w2ps_k4")
 #: strategy.exchange_every of the tfdist_2w2ps_k4 row.
 EXCHANGE_EVERY = 4
 CONFIG_LABELS = {
     "plain": "plain Keras 3 fit, 1 process",
     "tfdist_single": "tfdist PS strategy with no cluster (one process, in-process PS)",
+    "tf_onedevice": "TF OneDeviceStrategy, 1 process (the cost of any tf.distribute strategy in Keras)",
     "tfdist_1w1ps": "tfdist PS, 1 worker + 1 PS",
     "tfdist_2w2ps": "tfdist PS (async), 2 workers + 2 PS",
     "mwms": "TF MultiWorkerMirroredStrategy, 2 workers (Keras 3, patched)",
@@ -355,8 +358,9 @@ def _run_config(config, model, warmup, steps, children, log_dir, placement, thre
     try:
         if config == "plain":
             row = run_plain(model, warmup, steps, children, log_dir, timeout)
-        elif config == "tfdist_single":
-            row = run_plain(model, warmup, steps, children, log_dir, timeout, mode="tfdist_single")
+        elif config in ("tfdist_single", "tf_onedevice"):
+            row = run_plain(model, warmup, steps, children, log_dir, timeout,
+                            mode="onedevice" if config == "tf_onedevice" else config)
         elif config == "tfdist_1w1ps":
             row = run_tfdist(model, 1, warmup, steps, log_dir, timeout, placement, threshold)
         elif config == "tfdist_2w2ps":
@@ -380,7 +384,7 @@ def _run_config(config, model, warmup, steps, children, log_dir, placement, thre
         traceback.print_exc(file=sys.stderr)
     finally:
         children.stop_all()
-    row["workers"] = 1 if config in ("plain", "tfdist_single", "tfdist_1w1ps") else 2
+    row["workers"] = 1 if config in ("plain", "tfdist_single", "tf_onedevice", "tfdist_1w1ps") else 2
     row["warmup_steps"], row["timed_steps_per_worker"] = warmup, steps
     row["load_1min_at_start"] = load
     row["wall_s"] = round(time.monotonic() - t0, 1)
@@ -437,6 +441,11 @@ def _ratios(rows: dict) -> dict:
         ratios["tfdist_single_vs_plain_per_pass"] = per_pass("tfdist_single", "plain")
         ratios["tfdist_single_ms_added_per_step"] = 1e3 / rows["tfdist_single"]["steps_per_s"] - \
             1e3 / rows["plain"]["steps_per_s"]
+    if eps("tfdist_single") and eps("tf_onedevice"):  # what tfdist adds over any tf.distribute strategy
+        ratios["tfdist_single_vs_tf_onedevice"] = eps("tfdist_single") / eps("tf_onedevice")
+        ratios["tfdist_single_vs_tf_onedevice_per_pass"] = per_pass("tfdist_single", "tf_onedevice")
+    if eps("tf_onedevice") and eps("plain"):
+        ratios["tf_onedevice_vs_plain"] = eps("tf_onedevice") / eps("plain")
     if eps("tfdist_1w1ps") and eps("plain"):
         ratios["tfdist_1w1ps_vs_plain"] = eps("tfdist_1w1ps") / eps("plain")
         ratios["tfdist_1w1ps_vs_plain_per_pass"] = per_pass("tfdist_1w1ps", "plain")

@@ -27,7 +27,7 @@ its first step until all N have finished theirs, so that the workers' timed
 windows overlap even when one took longer to start (asynchronous PS training
 does not line them up by itself).
 
-Usage: keras_worker.py --mode plain|tfdist|tfdist_single|mwms|allreduce --model mlp|cnn --out FILE [--warmup N]
+Usage: keras_worker.py --mode plain|tfdist|tfdist_single|onedevice|mwms|allreduce --model mlp|cnn --out FILE [--warmup N]
        [--steps N] [--net-iface IFACE] [--start-barrier DIR --num-workers N]
 """
 
@@ -84,7 +84,7 @@ def patch_keras_for_mwms() -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", required=True, choices=["plain", "tfdist", "tfdist_single", "mwms", "allreduce"])
+    p.add_argument("--mode", required=True, choices=["plain", "tfdist", "tfdist_single", "onedevice", "mwms", "allreduce"])
     p.add_argument("--model", required=True, choices=sorted(_common.MODELS))
     p.add_argument("--out", required=True, help="result JSON file (for tfdist: a directory)")
     p.add_argument("--warmup", type=int, default=20)
@@ -115,6 +115,9 @@ def main() -> int:
             os.environ.pop("TFDIST_CONFIG", None)
         strategy = tfdist.ParameterServerStrategy()
         worker_id = strategy.worker_id
+    elif args.mode == "onedevice":  # TF's own single-device strategy: the floor of any tf.distribute strategy
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+        worker_id = 0
     elif args.mode == "allreduce":
         import tfdist
 
