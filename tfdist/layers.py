@@ -112,21 +112,22 @@ class ShardedEmbedding(keras.layers.Layer):
         embedding) with the same predictions. The worker gathers the whole
         table to write it: for tables larger than its memory, read the PS
         checkpoints instead (``tfdist.checkpoint.read``). Load such a file
-        with ``keras.saving.load_model(path, compile=False)`` and compile it
-        again to go on training: the optimizer state saved with it is the
-        job's (the table's own is on the PS), which does not fit a local table.
+        into plain Keras with ``keras.saving.load_model(path, compile=False)``
+        and compile it again to go on training: the optimizer state saved with
+        it is the job's (the table's own is on the PS), which does not fit a
+        local table. Loaded under a tfdist strategy (``load_weights``,
+        ``load_model`` in its scope), the table is written to the PS tasks.
         """
         store["0"] = self.table_values()
 
     def load_own_variables(self, store):
-        if self.resident:
-            raise ConfigError(
-                f"ShardedEmbedding {self.name!r}: loading weights into a table on the parameter servers is not "
-                "supported; load them into the model outside the strategy, or resume a job from its PS "
-                "checkpoints (ps.checkpoint_dir).")
+        """Loads the table as ``keras.layers.Embedding`` saved it (on the PS: written there, see ``write_table``)."""
         if len(store.keys()) != 1:
             raise ValueError(f"ShardedEmbedding {self.name!r} expects 1 saved variable (the table); "
                              f"the file has {len(store.keys())}.")
+        if self.resident:
+            self._runtime.write_table(self._table_key, np.asarray(store["0"]))
+            return
         self.embeddings.assign(store["0"])
 
     def compute_mask(self, inputs, mask=None):

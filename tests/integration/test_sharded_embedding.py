@@ -151,6 +151,22 @@ def test_a_saved_model_loads_into_plain_keras_with_the_table_gathered_from_the_p
     np.testing.assert_array_equal(plain_layer.embeddings.numpy(), table)
     np.testing.assert_allclose(loaded.predict(ids[:64], verbose=0), expected, rtol=1e-5, atol=1e-6)
 
+    # Back into a job (a new in-process PS): load_weights writes the table to the PS before the first step.
+    keras.backend.clear_session()
+    again = tfdist.ParameterServerStrategy()
+    try:
+        with again.scope():
+            layer = tfdist.layers.ShardedEmbedding(VOCAB, DIM, seed=11)  # other initial rows
+            model = _model(layer)
+            model.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy")
+        model.load_weights(tmp_path / "m.keras")
+        np.testing.assert_allclose(model.predict(ids[:64], verbose=0), expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(layer.table_values(), table)
+        with pytest.raises(ValueError, match="50 x 4; the weights loaded into it are 3 x 4"):
+            again._runtime.write_table(layer._table_key, np.zeros((3, DIM), np.float32))
+    finally:
+        again.shutdown()
+
 
 def test_bsp_over_two_workers_and_two_ps_equals_one_process_on_the_global_batch(tmp_path, scripts_dir):
     """Sparse aggregation by row: the tables (split over 2 PS) and weights equal the single-process run."""

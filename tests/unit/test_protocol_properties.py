@@ -145,6 +145,7 @@ METHOD_FIELDS = {
     "Checkpoint": ["worker", "at_step"], "Restore": ["worker", "step"],
     "Lookup": ["worker", "key", "clock"],
     "PushRows": ["worker", "key", "learning_rate", "step", "incarnation"],
+    "WriteRows": ["worker", "key", "incarnation"],
 }
 assert set(METHOD_FIELDS) == set(METHODS)
 #: Fields a method's parser requires (drawn always, so most requests reach the store).
@@ -184,6 +185,11 @@ row_tensors = st.one_of(
         "grads": st.one_of(hnp.arrays(np.float32, (len(r), 2), elements=elements),
                            hnp.arrays(np.float32, (len(r), 3), elements=finite),
                            hnp.arrays(np.float64, (len(r), 2), elements=finite))})),
+    row_ids.flatmap(lambda r: st.fixed_dictionaries({  # WriteRows: rows may repeat, be outside, be NaN
+        "rows": st.just(r),
+        "values": st.one_of(hnp.arrays(np.float32, (len(r), 2), elements=elements),
+                            hnp.arrays(np.float32, (len(r), 3), elements=finite),
+                            hnp.arrays(np.float64, (len(r), 2), elements=finite))})),
     st.fixed_dictionaries({"rows": hnp.arrays(np.int32, 2, elements=st.integers(0, 4))}),
 )
 sparse_tensors = st.fixed_dictionaries({

@@ -61,6 +61,18 @@ def test_lookup_and_row_updates_on_the_update_path():
      "INVALID_ARGUMENT"),
     ("PushRows", {"rows": rows(0), "grads": np.ones((1, 2), np.float64)}, {"key": "emb"}, "float32",
      "INVALID_ARGUMENT"),
+    ("WriteRows", {"rows": rows(0, 3), "values": np.ones((2, 2), np.float32)}, {"key": "emb"}, "outside",
+     "OUT_OF_RANGE"),
+    ("WriteRows", {"rows": rows(0, 0), "values": np.ones((2, 2), np.float32)}, {"key": "emb"}, "named twice",
+     "INVALID_ARGUMENT"),
+    ("WriteRows", {"rows": rows(0), "values": np.ones((1, 3), np.float32)}, {"key": "emb"}, "wide",
+     "INVALID_ARGUMENT"),
+    ("WriteRows", {"rows": rows(0), "values": np.full((1, 2), np.inf, np.float32)}, {"key": "emb"}, "Non-finite",
+     "INVALID_ARGUMENT"),
+    ("WriteRows", {"rows": rows(0), "values": np.ones((1, 2), np.float64)}, {"key": "emb"}, "float32",
+     "INVALID_ARGUMENT"),
+    ("WriteRows", {"rows": rows(0), "values": np.ones((1, 2), np.float32)}, {"key": "nope"}, "Unknown table",
+     "NOT_FOUND"),
 ])
 def test_bad_table_requests_change_nothing(method, tensors, meta, match, code):
     store, svc = make(AsyncPolicy())
@@ -70,6 +82,20 @@ def test_bad_table_requests_change_nothing(method, tensors, meta, match, code):
     assert e.value.grpc_code == code
     after = store.table_arrays()
     assert all(np.array_equal(after[k], before[k]) for k in before)
+
+
+def test_written_rows_take_the_values_and_the_optimizer_slots_stay():
+    store, svc = make(AsyncPolicy(), tables=({**TABLE, "optimizer": {"kind": "adagrad", "learning_rate": 0.5,
+                                                                     "initial_accumulator_value": 0.1}},))
+    svc.call("PushRows", {"rows": rows(0), "grads": np.ones((1, 2), np.float32)}, worker=1, key="emb")
+    slots = {k: v.copy() for k, v in store.table_arrays().items() if "slot" in k}
+    meta, _ = svc.call("WriteRows", {"rows": rows(2, 0), "values": np.array([[1, 2], [3, 4]], np.float32)},
+                       worker=0, key="emb")
+    assert meta["written"] == 2
+    np.testing.assert_array_equal(lookup(svc, 0, 1, 2), [[3, 4], [0, 0], [1, 2]])
+    after = store.table_arrays()
+    assert all(np.array_equal(after[k], v) for k, v in slots.items())  # the accumulator is not reset
+    assert store.status()["stats"]["row_writes"] == 1
 
 
 def test_a_second_init_with_other_tables_is_refused():

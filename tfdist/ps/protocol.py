@@ -761,6 +761,42 @@ class PushRowsRequest:
 
 
 @dataclass(frozen=True)
+class WriteRowsRequest:
+    """Sets rows of a PS-resident table (``rows`` local int64, distinct; ``values`` one float32 row each).
+
+    Loading weights into a table (``load_weights``, ``load_model`` under the
+    strategy): the rows take the values, the optimizer's slots are kept.
+    ``incarnation`` as for ``Push``. Reply: ``written`` (rows set).
+    """
+
+    worker: int
+    key: str
+    rows: np.ndarray = field(repr=False)
+    values: np.ndarray = field(repr=False)
+    incarnation: int | None = None
+
+    def to_wire(self):
+        meta: dict[str, Any] = {"worker": self.worker, "key": self.key}
+        if self.incarnation is not None:
+            meta["incarnation"] = self.incarnation
+        return meta, {"rows": self.rows, "values": self.values}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        if set(tensors) != {"rows", "values"}:
+            raise ProtocolError(f"WriteRows: exactly two tensors, `rows` and `values`. Received: "
+                                f"{short(sorted(tensors))}.")
+        rows, values = _row_ids("WriteRows", tensors), tensors["values"]
+        if values.ndim != 2 or values.shape[0] != rows.shape[0]:
+            raise ProtocolError(f"WriteRows: `values` must be 2-D with one row per index: {list(values.shape)} for "
+                                f"{rows.shape[0]} rows.")
+        if len(np.unique(rows)) != len(rows):
+            raise ProtocolError("WriteRows: a row is named twice (which value would it keep?).")
+        return cls(f.worker(), _check_key("WriteRows", f.get("key")), rows, values,
+                   f.int("incarnation", 0, MAX_INCARNATION, None))
+
+
+@dataclass(frozen=True)
 class RestoreRequest:
     """A worker of the job rolls this PS task back to its checkpoint of ``step`` (a consistent cut).
 
@@ -829,6 +865,7 @@ _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "Restore": RestoreRequest.parse,
     "Lookup": LookupRequest.parse,
     "PushRows": PushRowsRequest.parse,
+    "WriteRows": WriteRowsRequest.parse,
 }
 
 #: Methods of :data:`SERVICE` (every request and reply is a :mod:`tfdist.wire` message).

@@ -179,6 +179,9 @@ class ParameterService:
     def _rpc_PushRows(self, req: protocol.PushRowsRequest, budget, cancelled):
         return self.store.push_rows(req), {}
 
+    def _rpc_WriteRows(self, req: protocol.WriteRowsRequest, budget, cancelled):
+        return self.store.write_rows(req), {}
+
     def _rpc_Restore(self, req: protocol.RestoreRequest, budget, cancelled):
         self.store.check_member(req.worker)
         if self.checkpointer is None:

@@ -40,6 +40,7 @@ from tfdist.ps.protocol import (
     LeaveRequest,
     LookupRequest,
     PushRowsRequest,
+    WriteRowsRequest,
     TableShard,
     PullRequest,
     PushGradientsRequest,
@@ -199,6 +200,16 @@ class WorkerSession:
                     for ps in range(self.plan.num_ps) if (shard == ps).any()}
         self._request_many(requests)
         self.stats["rows_pushed"] += len(ids)
+
+    def write_rows(self, key: str, ids: np.ndarray, values: np.ndarray) -> int:
+        """Sets rows ``ids`` (distinct global ids) of table ``key`` to ``values`` on the tasks holding them."""
+        shard, local = shard_of(np.asarray(ids, np.int64), self.plan.num_ps)
+        values = np.ascontiguousarray(values, np.float32)
+        requests = {ps: WriteRowsRequest(self.worker_id, key, local[shard == ps], values[shard == ps],
+                                         self.incarnation[ps])
+                    for ps in range(self.plan.num_ps) if (shard == ps).any()}
+        replies = self._request_many(requests)
+        return sum(int(meta["written"]) for meta, _ in replies.values())
 
     def _lookup_clock(self) -> int | None:
         """Update path: a lookup is a read at the step about to start (SSP's rule applies)."""

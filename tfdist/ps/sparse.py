@@ -258,6 +258,10 @@ class Table:
         self.optimizer.apply(self.values, self.slots, unique, grads.astype(np.float32, copy=False), lr,
                              self.updates)
 
+    def write(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Sets rows (distinct) to ``values``; the optimizer's slots stay."""
+        self.values[rows] = values
+
     def arrays(self) -> dict[str, np.ndarray]:
         """Values and slots, for checkpoints."""
         return {"values": self.values, **{f"slot/{k}": v for k, v in self.slots.items()}}

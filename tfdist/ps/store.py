@@ -55,6 +55,7 @@ from tfdist.ps.protocol import (
     InitRequest,
     LookupRequest,
     PushRowsRequest,
+    WriteRowsRequest,
     TableShard,
     PullRequest,
     PushGradientsRequest,
@@ -198,7 +199,7 @@ class ParameterStore:
         self.stats = {
             "pushes": 0, "pulls": 0, "dropped": 0, "bytes_in": 0, "bytes_out": 0,
             "waits": 0, "aggregations": 0, "gradients_aggregated": 0, "state_writes": 0, "row_pushes": 0,
-            "set_excluded": 0,
+            "row_writes": 0, "set_excluded": 0,
         }
 
     # ---------------------------------------------------------------- init
@@ -730,6 +731,26 @@ class ParameterStore:
             self.stats["bytes_in"] += req.grads.nbytes + req.rows.nbytes
             self.stats["row_pushes"] += 1
             return {"applied": True, "dropped": False}
+
+    def write_rows(self, req: WriteRowsRequest) -> dict[str, Any]:
+        """Sets rows of a table (a worker loading weights into it), all or nothing."""
+        if req.values.dtype != np.float32:
+            raise StoreError(f"Rows written to {short(req.key)} must be float32. Received: {req.values.dtype.name}.")
+        self._check_finite({req.key: req.values}, req.worker, "row value")
+        with self._cond:
+            self._require_initialized()
+            self._check_incarnation(req.incarnation)
+            self._check_member(req.worker)
+            table = self._table(req.key)
+            if req.values.shape[1] != table.spec.dim:
+                raise StoreError(f"Rows written to {short(req.key)} are {req.values.shape[1]} wide; its rows "
+                                 f"are {table.spec.dim}.")
+            self._check_rows(table, req.rows)
+            self._touch(req.worker)
+            table.write(req.rows, req.values)
+            self.stats["bytes_in"] += req.values.nbytes + req.rows.nbytes
+            self.stats["row_writes"] += 1
+            return {"written": int(len(req.rows))}
 
     def _apply_sparse_step(self, contributors: frozenset[int], m: int) -> None:
         """Gradient path, a step completes: each table gets its contributors' row gradients summed (lock held)."""

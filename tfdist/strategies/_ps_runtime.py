@@ -234,6 +234,8 @@ class PSRuntime:
         self._tables: dict[str, tuple] = {}
         #: The Keras optimizer built under the scope (the row optimizer of tables without their own).
         self.keras_optimizer = None
+        #: Tables loaded (load_weights) before the PS was initialised: written once the chief initialises it.
+        self._pending_table_writes: dict[str, np.ndarray] = {}
         self.session: WorkerSession | None = None
         self.plan: PlacementPlan | None = None
         self._lock = threading.Lock()
@@ -302,7 +304,13 @@ class PSRuntime:
         return key
 
     def note_optimizer(self, optimizer) -> None:
-        """The Keras optimizer whose variables are created under the scope: tables without their own use it."""
+        """The Keras optimizer whose variables are created under the scope: tables without their own use it.
+
+        Keras's base ``Optimizer`` (``load_model`` creates one to read the
+        saved optimizer variables into) is not a user's optimizer.
+        """
+        if type(optimizer).__name__ == "Optimizer":
+            return
         self.keras_optimizer = optimizer
 
     def _table_specs(self) -> list[TableSpec]:
@@ -387,8 +395,42 @@ class PSRuntime:
             self.registry.written.clear()
             if values is not None:
                 self.registry.assign(values)
+            pending, self._pending_table_writes = self._pending_table_writes, {}
+            if pending and values is None:  # this worker initialised the job: its loaded tables are the job's
+                for key, table in pending.items():
+                    self._write_table(session, key, table)
+            elif pending:
+                logger.info("worker %d: the job already holds its tables; the %d table(s) loaded before joining "
+                            "are not written", self.worker_id, len(pending))
             self.session = session
             return session
+
+    def write_table(self, key: str, values: np.ndarray) -> None:
+        """Loads a whole PS-resident table (``load_weights``/``load_model`` under the strategy).
+
+        Before the PS is initialised: kept, and written by the worker that
+        initialises it (the chief's load becomes the job's, like its other
+        weights). After: written to the PS tasks now (every worker reads
+        the new rows at its next lookup).
+        """
+        if key not in self._tables:
+            raise ClusterError(f"Unknown table {key!r}.")
+        name, rows, dim = self._tables[key][:3]
+        values = np.asarray(values, np.float32)
+        if values.shape != (rows, dim):
+            raise ValueError(f"Table {name!r} is {rows} x {dim}; the weights loaded into it are "
+                             f"{' x '.join(map(str, values.shape))}.")
+        with self._lock:
+            if self.session is None:
+                self._pending_table_writes[key] = values
+                return
+        self._write_table(self.session, key, values)
+
+    def _write_table(self, session: WorkerSession, key: str, values: np.ndarray, chunk_rows: int = 65536) -> None:
+        for start in range(0, len(values), chunk_rows):
+            ids = np.arange(start, min(start + chunk_rows, len(values)), dtype=np.int64)
+            session.write_rows(key, ids, values[start:start + len(ids)])
+        logger.info("worker %d: wrote table %s (%d rows) to the PS tasks", self.worker_id, key, len(values))
 
     def _new_session(self, *args, **kwargs) -> WorkerSession:
         raise NotImplementedError

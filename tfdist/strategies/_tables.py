@@ -157,9 +157,8 @@ def _resident_save(self, store):
 
 
 def _resident_load(self, store):
-    from tfdist.errors import ConfigError
-
-    raise ConfigError(
-        f"Embedding {self.name!r} lives on the parameter servers (ps.resident_threshold_bytes): loading weights into "
-        "it is not supported; load them into the model outside the strategy, or resume a job from its PS "
-        "checkpoints (ps.checkpoint_dir).")
+    """Loads the table as ``keras.layers.Embedding`` saved it: written to the PS tasks (see ``write_table``)."""
+    if len(store.keys()) != 1:
+        raise ValueError(f"Embedding {self.name!r} on the parameter servers expects 1 saved variable (the table); "
+                         f"the file has {len(store.keys())}.")
+    self._tfdist_runtime.write_table(self._tfdist_table_key, np.asarray(store["0"]))
