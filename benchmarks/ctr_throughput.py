@@ -138,7 +138,7 @@ def cpu_per_step(sampler: CpuSampler, window: tuple[float, float], steps: int) -
         cpu = sampler.cpu_seconds(role, *window)
         out[role] = None if cpu is None else round(cpu / steps * 1e3, 2)
     total = [v for v in out.values() if v is not None]
-    return {"ms_cpu_per_step": out, "ms_cpu_per_step_all": round(sum(total), 2) if len(total) == len(out) else None,
+    return {"pids": dict(sampler.pids), "ms_cpu_per_step": out, "ms_cpu_per_step_all": round(sum(total), 2) if len(total) == len(out) else None,
             "window_s": round(window[1] - window[0], 2)}
 
 

@@ -9,8 +9,9 @@ cross-entropy and ``keras.metrics.AUC`` as the example compiles it, and
 seed ``1000 + worker id``, as the example). After the first step every
 worker waits for the others (a file barrier), so the timed windows overlap;
 steps are timed at batch ends over ``--steps`` steps after ``--warmup``, and
-the worker's exchange counters (``strategy.sync_stats``) are read at the
-window's ends.
+the worker's exchange counters (``strategy.sync_stats``) and the seconds its
+steps spent in the tables' blocking lookups and row pushes (timed by wrapping
+the runtime's calls) are read at the window's ends.
 
 Usage: ctr_worker.py --scale S --out-dir DIR [--batch 256] [--emb-dim 16] [--warmup 20] [--steps 200]
        [--learning-rate 0.05]
@@ -31,6 +32,30 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 from benchmarks import _common  # noqa: E402
+
+
+def _time_table_calls(strategy) -> dict[str, float]:
+    """Counts the seconds the steps spend in the tables' blocking lookups and row pushes (measurement only).
+
+    Wraps the strategy runtime's ``lookup_rows``/``push_rows`` (private: the
+    library times its dense exchange in ``sync_stats``, not these calls).
+    Returns the live totals: ``lookup_seconds``, ``push_rows_seconds``.
+    """
+    runtime = strategy._runtime  # noqa: SLF001 - benchmark instrumentation
+    totals = {"lookup_seconds": 0.0, "push_rows_seconds": 0.0}
+
+    def timed(fn, name):
+        def call(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                totals[name] += time.perf_counter() - t0
+        return call
+
+    runtime.lookup_rows = timed(runtime.lookup_rows, "lookup_seconds")
+    runtime.push_rows = timed(runtime.push_rows, "push_rows_seconds")
+    return totals
 
 
 def main() -> None:
@@ -62,6 +87,7 @@ def main() -> None:
                       metrics=[keras.metrics.AUC(name="auc")])
     build_s = time.perf_counter() - t_build
 
+    table_calls = _time_table_calls(strategy)
     timer = _common.step_timer_class(keras)()
     barrier = _common.start_barrier_class(keras)(args.out_dir, me, num_workers)
     marks: dict[str, dict] = {}
@@ -69,9 +95,9 @@ def main() -> None:
     class Counters(keras.callbacks.Callback):  # after the timer: its reads are not inside a timed step
         def on_train_batch_end(self, batch, logs=None):
             if batch == args.warmup - 1:
-                marks["start"] = dict(strategy.sync_stats)
+                marks["start"] = {**strategy.sync_stats, **table_calls}
             elif batch == total - 1:
-                marks["end"] = dict(strategy.sync_stats)
+                marks["end"] = {**strategy.sync_stats, **table_calls}
 
     t_fit = time.perf_counter()
     history = model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0,
