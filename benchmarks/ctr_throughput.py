@@ -67,6 +67,8 @@ TFPSS_SERVER = os.path.join(ROOT, "benchmarks", "ps_workers", "tfpss_server.py")
 TFPSS_COORDINATOR = os.path.join(ROOT, "benchmarks", "ps_workers", "tfpss_ctr_coordinator.py")
 CONFIGS = ("tfdist", "tf_pss")
 WORKERS, PS = 2, 2
+#: Seconds the TF PSS coordinator may take to exit once its result is written (then it is killed).
+COORDINATOR_EXIT_GRACE_S = 30.0
 #: Issue #14's target: tfdist's CTR throughput / TF PSS's.
 TARGET_RATIO = 1.3
 
@@ -205,15 +207,26 @@ def run_tf_pss(args, run_dir: str, children: _common.Children) -> dict:
             env=env, log_path=os.path.join(run_dir, "coordinator.log"))
         sampler.watch("coordinator", coordinator.pid)
         deadline = time.monotonic() + args.timeout
+        written_at = None
         while coordinator.poll() is None and time.monotonic() < deadline:
             for s in servers:
                 if s.poll() is not None:
                     raise RuntimeError(f"TF PSS server {s.args[4:]} exited with {s.returncode}:\n"
                                        f"{_common.log_tail(s)}")
+            if written_at is None and os.path.exists(out):
+                written_at = time.monotonic()
+            elif written_at is not None and time.monotonic() - written_at > COORDINATOR_EXIT_GRACE_S:
+                break  # its result is written; a coordinator stuck in its exit is stopped with the servers
             time.sleep(0.2)
-        children.wait_all([coordinator], max(deadline - time.monotonic(), 0.1))
+        if coordinator.poll() is None and written_at is not None:
+            exit_note = f"the coordinator had not exited {COORDINATOR_EXIT_GRACE_S:g} s after writing its result: killed"
+        else:
+            exit_note = None
+            children.wait_all([coordinator], max(deadline - time.monotonic(), 0.1))
     with open(out) as f:
         result = json.load(f)
+    if exit_note:
+        result["note"] = exit_note
     result.update(cpu_per_step(sampler, tuple(result["window_wall"]), steps))
     return result
 
