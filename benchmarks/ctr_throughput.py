@@ -38,7 +38,7 @@ errors or timeouts.
 
 Usage::
 
-    python benchmarks/ctr_throughput.py [--scale small] [--passes 2] [--warmup 20] [--steps 200]
+    python benchmarks/ctr_throughput.py [--scale small] [--passes 4] [--warmup 20] [--steps 300]
         [--configs tfdist,tf_pss] [--batch 256] [--tfpss-steps-per-execution 1] [--out FILE] [--timeout S]
 """
 
@@ -140,7 +140,8 @@ def cpu_per_step(sampler: CpuSampler, window: tuple[float, float], steps: int) -
         cpu = sampler.cpu_seconds(role, *window)
         out[role] = None if cpu is None else round(cpu / steps * 1e3, 2)
     total = [v for v in out.values() if v is not None]
-    return {"pids": dict(sampler.pids), "ms_cpu_per_step": out, "ms_cpu_per_step_all": round(sum(total), 2) if len(total) == len(out) else None,
+    return {"pids": dict(sampler.pids), "ms_cpu_per_step": out,
+            "ms_cpu_per_step_all": round(sum(total), 2) if len(total) == len(out) else None,
             "window_s": round(window[1] - window[0], 2)}
 
 
@@ -219,7 +220,8 @@ def run_tf_pss(args, run_dir: str, children: _common.Children) -> dict:
                 break  # its result is written; a coordinator stuck in its exit is stopped with the servers
             time.sleep(0.2)
         if coordinator.poll() is None and written_at is not None:
-            exit_note = f"the coordinator had not exited {COORDINATOR_EXIT_GRACE_S:g} s after writing its result: killed"
+            exit_note = (f"the coordinator had not exited {COORDINATOR_EXIT_GRACE_S:g} s after writing its result: "
+                         "killed")
         else:
             exit_note = None
             children.wait_all([coordinator], max(deadline - time.monotonic(), 0.1))
@@ -256,14 +258,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", default="small", help="train_ctr.py's --scale: tiny|small|full or a multiplier "
                    "(small: 1.06 M rows). Defaults to small.")
-    p.add_argument("--passes", type=int, default=2, help="passes over the configurations (interleaved, ABBA)")
+    p.add_argument("--passes", type=int, default=4, help="passes over the configurations (interleaved, ABBA). "
+                   "Defaults to 4.")
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--batch", type=int, default=256, help="examples per step on each worker (the example's)")
     p.add_argument("--emb-dim", type=int, default=16, help="width of the deep table (the example's)")
     p.add_argument("--warmup", type=int, default=20, help="warm-up steps per worker (tfdist; TF PSS: an epoch "
                    "as long as the timed one). Defaults to 20.")
-    p.add_argument("--steps", type=int, default=200, help="timed steps per worker (TF PSS: an epoch of "
-                   "workers x steps). Defaults to 200.")
+    p.add_argument("--steps", type=int, default=300, help="timed steps per worker (TF PSS: an epoch of "
+                   "workers x steps). Defaults to 300.")
     p.add_argument("--tfpss-steps-per-execution", type=int, default=1,
                    help="tf-keras compile(steps_per_execution=...) for TF PSS. Defaults to 1 (tf-keras's default).")
     p.add_argument("--timeout", type=float, default=900.0, help="bound on each run, seconds")
@@ -283,8 +286,8 @@ def main(argv=None) -> int:
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "command": "python benchmarks/ctr_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": _common.machine(), "versions": _common.package_versions(), "git": _common.git_info(ROOT),
-        "job": {"model": "examples/train_ctr.py make_model(tables='shared'): wide (width 1) + deep (width "
-                         f"{args.emb_dim}) tables, MLP 128-64, Adagrad(0.05), binary cross-entropy, AUC metric",
+        "job": {"model": "examples/train_ctr.py make_model(tables='shared'): wide (width 1) + deep "
+                         f"(width {args.emb_dim}) tables, MLP 128-64, Adagrad(0.05), binary cross-entropy, AUC",
                 "scale": args.scale, "batch_per_worker": args.batch, "workers": WORKERS, "ps": PS,
                 "warmup_steps_per_worker": args.warmup, "timed_steps_per_worker": args.steps,
                 "tfpss_steps_per_execution": args.tfpss_steps_per_execution},

@@ -1,4 +1,4 @@
-"""One tfdist worker of the CTR throughput benchmark: ``examples/train_ctr.py``'s model and data, timed steps; writes JSON.
+"""One tfdist worker of the CTR throughput benchmark: train_ctr.py's model and data, timed steps; writes JSON.
 
 Runs under ``tfdist.testing.LocalCluster`` (the cluster from TF_CONFIG /
 TFDIST_CONFIG): ``tfdist.ParameterServerStrategy()`` with its defaults

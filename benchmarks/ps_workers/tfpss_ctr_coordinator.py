@@ -89,7 +89,8 @@ def main() -> int:
         model.compile(optimizer=keras.optimizers.Adagrad(args.learning_rate), loss="binary_crossentropy",
                       metrics=[keras.metrics.AUC(name="auc")], steps_per_execution=args.steps_per_execution)
     tables = {layer.name: {"shape": list(layer.embeddings.shape),
-                           "shards": [list(v.shape) for v in getattr(layer.embeddings, "variables", [layer.embeddings])]}
+                           "shards": [list(v.shape)
+                                      for v in getattr(layer.embeddings, "variables", [layer.embeddings])]}
               for layer in model.layers if isinstance(layer, keras.layers.Embedding)}
 
     batch, n = args.batch, args.examples_per_worker
