@@ -133,6 +133,6 @@ if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    # The ClusterCoordinator's threads sometimes hold the interpreter's exit for minutes after fit (seen once in
-    # 7 runs on 2 busy cores, 2 min+); the result is written, so leave at once.
+    # The ClusterCoordinator's threads sometimes hold the interpreter's exit after fit (seen once in 16 runs on
+    # 2 busy cores: 2 min+, until killed); the result is written, so leave at once.
     os._exit(code)
