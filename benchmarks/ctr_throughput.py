@@ -279,7 +279,6 @@ def main(argv=None) -> int:
     if args.warmup < 2:
         p.error(f"--warmup must be at least 2 (the first step ends in a barrier). Received: {args.warmup}")
 
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
     started = time.monotonic()
     result = {
         "benchmark": "ctr_throughput",
