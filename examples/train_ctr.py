@@ -103,35 +103,47 @@ class FeatureOffsets(keras.layers.Layer):
         return {**super().get_config(), "vocabs": self.vocabs}
 
 
-def make_model(vocabs: list[int], emb_dim: int, tables: str, hidden=(128, 64)) -> keras.Model:
-    """Wide and deep: a width-1 table (wide) and a width-``emb_dim`` table (deep, into an MLP with the dense features)."""
-    cat = keras.Input((len(vocabs),), dtype="int64", name="categorical")
-    dense = keras.Input((NUM_DENSE,), name="numeric")
+def make_model(vocabs: list[int], emb_dim: int, tables: str, hidden=(128, 64), keras_module=None, embedding=None,
+               feature_offsets=None):
+    """Wide and deep: a width-1 table (wide) and a width-``emb_dim`` table (deep, into an MLP with the dense features).
+
+    ``keras_module``, ``embedding`` and ``feature_offsets`` default to Keras 3,
+    ``tfdist.layers.ShardedEmbedding`` and :class:`FeatureOffsets`;
+    ``benchmarks/ctr_throughput.py`` passes tf-keras and its ``Embedding`` to
+    build the same model for TF's ParameterServerStrategy. ``embedding`` is
+    called as ``embedding(rows, dim, seed=..., name=...)``, ``feature_offsets``
+    as ``feature_offsets(vocabs, name=...)``.
+    """
+    k = keras_module or keras
+    embedding = embedding or tfdist.layers.ShardedEmbedding
+    feature_offsets = feature_offsets or FeatureOffsets
+    cat = k.Input((len(vocabs),), dtype="int64", name="categorical")
+    dense = k.Input((NUM_DENSE,), name="numeric")
     if tables == "shared":
-        ids = FeatureOffsets(vocabs, name="feature_offsets")(cat)
+        ids = feature_offsets(vocabs, name="feature_offsets")(cat)
         total = sum(vocabs)
-        wide = tfdist.layers.ShardedEmbedding(total, 1, seed=1, name="wide_table")(ids)  # (B, 26, 1)
-        deep = tfdist.layers.ShardedEmbedding(total, emb_dim, seed=2, name="deep_table")(ids)  # (B, 26, D)
-        wide = keras.layers.Flatten()(wide)
-        deep = keras.layers.Flatten()(deep)
+        wide = embedding(total, 1, seed=1, name="wide_table")(ids)  # (B, 26, 1)
+        deep = embedding(total, emb_dim, seed=2, name="deep_table")(ids)  # (B, 26, D)
+        wide = k.layers.Flatten()(wide)
+        deep = k.layers.Flatten()(deep)
     else:
         wides, deeps = [], []
         for f, v in enumerate(vocabs):
-            ids_f = keras.layers.Lambda(lambda x, f=f: x[:, f], name=f"feature_{f:02d}")(cat)
-            wides.append(tfdist.layers.ShardedEmbedding(v, 1, seed=100 + f, name=f"wide_{f:02d}")(ids_f))
-            deeps.append(tfdist.layers.ShardedEmbedding(v, emb_dim, seed=200 + f, name=f"deep_{f:02d}")(ids_f))
-        wide = keras.layers.Concatenate()(wides)
-        deep = keras.layers.Concatenate()(deeps)
-    wide_logit = keras.layers.Add()([
-        keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros", name="wide_sum")(wide),
-        keras.layers.Dense(1, name="wide_dense")(dense)])
-    x = keras.layers.Concatenate()([deep, dense])
+            ids_f = k.layers.Lambda(lambda x, f=f: x[:, f], name=f"feature_{f:02d}")(cat)
+            wides.append(embedding(v, 1, seed=100 + f, name=f"wide_{f:02d}")(ids_f))
+            deeps.append(embedding(v, emb_dim, seed=200 + f, name=f"deep_{f:02d}")(ids_f))
+        wide = k.layers.Concatenate()(wides)
+        deep = k.layers.Concatenate()(deeps)
+    wide_logit = k.layers.Add()([
+        k.layers.Dense(1, use_bias=False, kernel_initializer="zeros", name="wide_sum")(wide),
+        k.layers.Dense(1, name="wide_dense")(dense)])
+    x = k.layers.Concatenate()([deep, dense])
     for width in hidden:
-        x = keras.layers.Dense(width, activation="relu")(x)
-    deep_logit = keras.layers.Dense(1, name="deep_logit")(x)
-    logit = keras.layers.Add()([wide_logit, deep_logit])
-    out = keras.layers.Activation("sigmoid", name="click")(logit)
-    return keras.Model({"categorical": cat, "numeric": dense}, out, name="wide_and_deep")
+        x = k.layers.Dense(width, activation="relu")(x)
+    deep_logit = k.layers.Dense(1, name="deep_logit")(x)
+    logit = k.layers.Add()([wide_logit, deep_logit])
+    out = k.layers.Activation("sigmoid", name="click")(logit)
+    return k.Model({"categorical": cat, "numeric": dense}, out, name="wide_and_deep")
 
 
 def _auc(y: np.ndarray, score: np.ndarray) -> float:
