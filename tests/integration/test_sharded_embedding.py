@@ -208,12 +208,13 @@ def test_bsp_over_two_workers_and_two_ps_equals_one_process_on_the_global_batch(
 
 
 @pytest.mark.slow  # CI runs it (.ci/run); the PS-kill recovery it shares is in the default run (test_ps_durability)
-@pytest.mark.parametrize("mode", ["ssp", "bsp"])
+@pytest.mark.parametrize("mode", ["async", "ssp", "bsp"])
 def test_tables_survive_a_killed_ps(tmp_path, scripts_dir, mode):
     """2 workers, 2 PS with checkpoints; ps:1 is SIGKILLed mid-fit and restarted by the launcher.
 
-    Both workers recover and finish. SSP (update path): ps:1 restores its own
-    newest checkpoint, tables included. BSP (gradient path): the chief rolls
+    Both workers recover and finish. Async and SSP (update path): ps:1 restores
+    its own newest checkpoint, tables included (async: with row pushes in
+    flight in the background when it dies). BSP (gradient path): the chief rolls
     every task back to the step ps:1 restored (table rows exist only on the
     PS, so a reset to the chief's state cannot bring them back), and every
     worker ends with the same table.
@@ -287,3 +288,44 @@ def test_a_replicated_embedding_sends_only_the_rows_a_step_changed():
         assert pushed < 0.25 * STEPS * table_bytes, (pushed, STEPS * table_bytes)
     finally:
         strategy.shutdown()
+
+
+def test_async_row_pushes_travel_in_the_background_and_none_is_lost(monkeypatch):
+    """A cluster's async worker sends a step's row gradients from a background thread (its next lookups do
+    not wait); every push reaches the PS before a read of it (ps_status, pull, save)."""
+    from tfdist.ps.server import PSServer
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TFDIST_CONFIG", raising=False)
+    ids, y = _data()
+    server = PSServer(None, token="a-token-123", num_workers=2).start()
+    keras.backend.clear_session()
+    strategy = tfdist.ParameterServerStrategy(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"],
+                                                       "ps": [server.address]}, task="worker:0", token="a-token-123")
+    try:
+        runtime = strategy._runtime
+        assert runtime.background_row_pushes
+        threads = set()
+        with strategy.scope():
+            layer = tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros")
+            model = _model(layer)
+            model.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy")
+        model.fit(ids[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)  # the session exists now
+        push = runtime.session.push_rows
+
+        def recording(*args, **kwargs):
+            import threading
+
+            threads.add(threading.current_thread().name)
+            return push(*args, **kwargs)
+
+        monkeypatch.setattr(runtime.session, "push_rows", recording)
+        model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        assert threads and all(name.startswith("tfdist-row-push") for name in threads), threads
+        status = strategy.ps_status()[0]  # waits for the pushes in flight
+        assert not runtime._row_pushes
+        assert status["tables"][layer._table_key]["updates"] == STEPS + 1  # every step's push applied once
+        assert np.abs(layer.table_values()).sum() > 0
+    finally:
+        strategy.shutdown()
+        server.stop(0)

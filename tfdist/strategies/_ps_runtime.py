@@ -21,6 +21,7 @@ slow-down injection and the worker's lifecycle (leave, rejoin, close).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -51,6 +52,9 @@ logger = logging.getLogger(__name__)
 #: Async training as one process (no cluster, in-process PS): the worker's steps reach the PS this often
 #: (and before every read), since nothing else reads the PS meanwhile.
 SINGLE_PROCESS_EXCHANGE_EVERY = 100
+#: Async: row pushes of PS-resident tables a worker may have in flight (its next steps' lookups do not wait
+#: for them; the push before those waits for the oldest).
+MAX_ROW_PUSHES_IN_FLIGHT = 4
 
 #: Names of the per-step exchange counters added to Keras logs (History, TensorBoard).
 STAT_NAMES = ("ps_step", "ps_dropped", "ps_waits", "ps_staleness", "ps_refreshes")
@@ -236,6 +240,9 @@ class PSRuntime:
         self.keras_optimizer = None
         #: Tables loaded (load_weights) before the PS was initialised: written once the chief initialises it.
         self._pending_table_writes: dict[str, np.ndarray] = {}
+        #: Row pushes in flight (``background_row_pushes``), oldest first, and their thread.
+        self._row_pushes: collections.deque = collections.deque()
+        self._row_pusher = None
         self.session: WorkerSession | None = None
         self.plan: PlacementPlan | None = None
         self._lock = threading.Lock()
@@ -341,21 +348,60 @@ class PSRuntime:
 
     def read_rows(self, key: str, ids: np.ndarray) -> np.ndarray:
         """Rows of table ``key`` outside a step (saving, inspection): read as an evaluator reads."""
-        return self.ensure_session().lookup_rows(key, ids, as_reader=True)
+        session = self.ensure_session()
+        self.wait_row_pushes()
+        return session.lookup_rows(key, ids, as_reader=True)
 
     def table_specs(self) -> list[TableSpec]:
         """The job's PS-resident tables (their row optimizers as the PS runs them, once the job started)."""
         return list(self.session.tables.values()) if self.session is not None else self._table_specs()
 
     def push_rows(self, key: str, ids: np.ndarray, grads: np.ndarray) -> None:
-        """The step's row gradients of table ``key`` (dropped, after recovering, if a PS task was lost)."""
+        """The step's row gradients of table ``key`` (dropped, after recovering, if a PS task was lost).
+
+        With :attr:`background_row_pushes` (async with ``overlap_exchange``)
+        the push is sent by a background thread, in order, while the step
+        goes on (at most :data:`MAX_ROW_PUSHES_IN_FLIGHT` in flight; a
+        failure surfaces, and is recovered from, at the next push or
+        :meth:`wait_row_pushes`).
+        """
         self._require_training_task()
         if self.in_warmup:
             return
         lr = None
         if self.keras_optimizer is not None:
             lr = float(np.asarray(self.keras_optimizer.learning_rate))
-        self._recovering(lambda: self.session.push_rows(key, ids, grads, lr))
+        session = self.session
+        if not self.background_row_pushes:
+            self._recovering(lambda: session.push_rows(key, ids, grads, lr))
+            return
+        self._reap_row_pushes(block_until=MAX_ROW_PUSHES_IN_FLIGHT - 1)
+        if self._row_pusher is None:
+            import concurrent.futures
+
+            self._row_pusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfdist-row-push")
+        ids, grads = np.array(ids, copy=True), np.array(grads, copy=True)  # the step's buffers are reused
+        self._row_pushes.append(self._row_pusher.submit(session.push_rows, key, ids, grads, lr))
+
+    #: Row pushes of a table may travel in the background (set by the exchange path).
+    background_row_pushes = False
+
+    def _reap_row_pushes(self, block_until: int = 0) -> None:
+        """Waits until at most ``block_until`` background row pushes are in flight; recovers from a failed one."""
+        while self._row_pushes and (len(self._row_pushes) > block_until or self._row_pushes[0].done()):
+            future = self._row_pushes.popleft()
+            error = future.exception()
+            if isinstance(error, PSUnavailableError):
+                def fail(e=error):
+                    raise e
+
+                self._recovering(fail)  # in this (the training) thread: it writes the variables
+            elif error is not None:
+                raise error
+
+    def wait_row_pushes(self) -> None:
+        """Every row push sent (before reads of the PS, checkpoints, leaving, closing)."""
+        self._reap_row_pushes(block_until=0)
 
     def make_plan(self) -> PlacementPlan:
         placement = make_placement(self.config.ps.placement, self.config.ps.partition_threshold_bytes)
@@ -697,6 +743,8 @@ class PSRuntime:
             except Exception as e:  # closing goes on: the PS keeps what it has
                 logger.warning("worker %d: could not send its last local step(s): %s", self.worker_id, e)
             self.session.close(done=done and self.worker_id >= 0)
+        if self._row_pusher is not None:
+            self._row_pusher.shutdown(wait=False)
 
 
 def _loss_input(result) -> tuple[tf.Tensor, bool]:
@@ -720,6 +768,10 @@ class UpdatePathRuntime(PSRuntime):
         # Only pure ASP may overlap or hold steps back: SSP's read guarantee needs every reply in time.
         asp = policy.refresh_every_step and policy.staleness == float("inf")
         self.overlap = asp and config.strategy.overlap_exchange
+        # Async with overlap: a step's row gradients travel while the next steps run (staleness of this
+        # worker's own rows by at most MAX_ROW_PUSHES_IN_FLIGHT steps, as other workers' are under async).
+        # One process (in-process PS) keeps them in step: its tables train exactly as local embeddings.
+        self.background_row_pushes = self.overlap and not single_process
         #: ASP: exchange after every k-th step; the steps in between stay local (``strategy.exchange_every``).
         self.exchange_every = config.strategy.exchange_every if asp else 1
         #: One worker and its in-process PS (no cluster, no checkpoints), pure ASP: nobody else reads the
@@ -832,7 +884,11 @@ class UpdatePathRuntime(PSRuntime):
             self.registry.add(corrections)
 
     def flush_local_steps(self) -> None:
-        """Sends the local steps an ``exchange_every`` > 1 (or a local-only process) held back; loads fresh values."""
+        """Sends the local steps an ``exchange_every`` > 1 (or a local-only process) held back; loads fresh values.
+
+        Row pushes still in flight are waited for first (every read of the PS after this sees them).
+        """
+        self.wait_row_pushes()
         self._count_local_steps()
         if not self._unsent_steps or self.session is None or self.worker_id < 0 or self._left:
             return
