@@ -93,3 +93,27 @@ def test_a_write_after_held_steps_can_be_discarded_without_losing_the_steps(no_c
         assert strategy.ps_status()[0]["worker_batches"] == {"0": int(np.ceil(len(x) / 32)) + 1}
     finally:
         strategy.shutdown()
+
+
+def test_run_eagerly_steps_are_training_not_local_writes(no_cluster, monkeypatch):
+    """Under run_eagerly the optimizer's writes are eager: they must not count as local writes (no flush)."""
+    import keras
+
+    import tfdist
+
+    data = load_digits()
+    x, y = data.x_train.reshape(-1, 64)[:320], data.y_train[:320]
+    strategy = tfdist.ParameterServerStrategy()
+    runtime = strategy._runtime
+    flushes = []
+    original = runtime.flush_local_steps
+    monkeypatch.setattr(runtime, "flush_local_steps", lambda: (flushes.append(1), original())[1])
+    try:
+        with strategy.scope():
+            model = _model()
+            model.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy", run_eagerly=True)
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        assert flushes == [] and not runtime.registry.written
+        assert strategy.ps_status()[0]["worker_batches"] == {"0": 10}
+    finally:
+        strategy.shutdown()

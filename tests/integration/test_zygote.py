@@ -170,3 +170,9 @@ def test_a_missing_script_exits_2_as_python_does(tmp_path):
         assert "can't open file" in "\n".join(task.tail)
     finally:
         task.stop(grace=1.0)
+
+
+def test_an_unhandled_keyboard_interrupt_ends_the_task_as_sigint_does(tmp_path):
+    task, code, log = _run(tmp_path, "raise KeyboardInterrupt\n")
+    assert task.forked and code == -signal.SIGINT, (code, log)  # as under Popen: killed by SIGINT
+    assert "KeyboardInterrupt" in log

@@ -16,10 +16,16 @@ as ``KERAS_BACKEND`` or ``TF_USE_LEGACY_KERAS``) is started the usual way.
 
 The zygote is started lazily, once per parent process, and dies with it
 (``PR_SET_PDEATHSIG``); every forked task dies with the zygote the same way.
-It never runs TensorFlow itself, so the fork copies no runtime threads or
-state. Each child reseeds Python's and NumPy's global random generators (a
-fresh process would have different ones) and, with ``setproctitle``
-installed, shows its own command line in ``ps``.
+It never runs TensorFlow ops itself, so the fork copies no TensorFlow
+runtime state (the imports leave two idle native threads, NumPy's OpenBLAS
+pool and one of TensorFlow's; OpenBLAS re-creates its pool after a fork).
+Each child reseeds Python's and NumPy's global random generators (a fresh
+process would have different ones) and, with ``setproctitle`` installed,
+shows its own command line in ``ps``. It keeps the zygote's string hash seed
+(``PYTHONHASHSEED`` cannot change after start): every forked task hashes
+strings alike, where fresh interpreters would not, so run a suite once with
+``TFDIST_FAST_START=0`` to catch code that depends on set order agreeing
+across processes.
 """
 
 from __future__ import annotations
@@ -144,14 +150,20 @@ class Zygote:
         child.close()
         self._sock = parent
         self._request_lock = threading.Lock()
+        self._next_id = 0
         self._exits: dict[int, int] = {}
-        self._replies: list[dict] = []
+        self._replies: dict[int, dict] = {}  # request id -> reply
         self._cond = threading.Condition()
         self._dead: str | None = None
         threading.Thread(target=self._read, daemon=True, name="tfdist-zygote-reader").start()
-        self._wait_reply("ready", timeout=120.0)
+        try:
+            self._wait_reply(0, "ready", timeout=120.0)
+        except Exception:
+            self.close()
+            raise
 
-    # The zygote sends {"ready"}, {"pid": ...} replies in request order, and {"exit": pid, "code": c} any time.
+    # The zygote sends {"id": 0, "ready"}, {"id": n, "pid": ...} or {"id": n, "error": ...} replies, and
+    # {"exit": pid, "code": c} any time.
     def _read(self) -> None:
         try:
             while True:
@@ -160,20 +172,22 @@ class Zygote:
                     if "exit" in message:
                         self._exits[int(message["exit"])] = int(message["code"])
                     else:
-                        self._replies.append(message)
+                        if "pid" in message:  # a pid the kernel reused: its old exit code is not this task's
+                            self._exits.pop(int(message["pid"]), None)
+                        self._replies[int(message.get("id", 0))] = message
                     self._cond.notify_all()
-        except (EOFError, OSError) as e:
+        except Exception as e:  # EOF, a broken socket, a garbled message: the zygote is unusable
             with self._cond:
-                self._dead = f"the zygote process ended ({e})"
+                self._dead = f"the zygote process ended ({type(e).__name__}: {e})"
                 self._cond.notify_all()
 
-    def _wait_reply(self, kind: str, timeout: float) -> dict:
+    def _wait_reply(self, request_id: int, kind: str, timeout: float) -> dict:
         with self._cond:
-            if not self._cond.wait_for(lambda: self._replies or self._dead, timeout):
+            if not self._cond.wait_for(lambda: request_id in self._replies or self._dead, timeout):
                 raise RuntimeError(f"no {kind!r} reply from the zygote within {timeout:.0f} s")
-            if not self._replies:
+            if request_id not in self._replies:
                 raise RuntimeError(self._dead)
-            return self._replies.pop(0)
+            return self._replies.pop(request_id)
 
     @property
     def alive(self) -> bool:
@@ -184,13 +198,29 @@ class Zygote:
         return self.alive and _target(argv) is not None and _import_time_env(env) == self._import_env
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> ForkedProcess:
-        """Forks a task running ``argv`` with ``env``; its stdout and stderr are pipes, as with Popen."""
+        """Forks a task running ``argv`` with ``env``; its stdout and stderr are pipes, as with Popen.
+
+        A zygote that does not answer in time is given up for good (it is
+        killed, with anything it forked late): the task then starts the usual
+        way, and no late fork can run beside it.
+        """
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
             with self._request_lock:
-                _send(self._sock, {"argv": list(argv), "env": dict(env), "cwd": os.getcwd()}, [out_w, err_w])
-                reply = self._wait_reply("pid", timeout=60.0)
+                self._next_id += 1
+                request_id = self._next_id
+                _send(self._sock, {"id": request_id, "argv": list(argv), "env": dict(env), "cwd": os.getcwd()},
+                      [out_w, err_w])
+                try:
+                    reply = self._wait_reply(request_id, "pid", timeout=60.0)
+                except Exception:
+                    self.close()  # its tasks die with it (PR_SET_PDEATHSIG): a late fork cannot run on
+                    raise
+        except Exception:
+            os.close(out_r)
+            os.close(err_r)
+            raise
         finally:
             os.close(out_w)
             os.close(err_w)
@@ -216,6 +246,9 @@ class Zygote:
         return self.exit_code(pid)
 
     def close(self) -> None:
+        with self._cond:
+            self._dead = self._dead or "closed"
+            self._cond.notify_all()
         try:
             self._sock.close()
         finally:
@@ -225,6 +258,7 @@ class Zygote:
 
 
 _zygote: Zygote | None = None
+_failed = False
 _zygote_lock = threading.Lock()
 
 
@@ -235,10 +269,12 @@ def zygote(env: Mapping[str, str]) -> Zygote | None:
     sends the parent-death signal when the *thread* that forked a child ends,
     and the zygote must outlive whichever thread first started a task.
     """
-    global _zygote
+    global _zygote, _failed
     with _zygote_lock:
         if _zygote is not None and _zygote.alive:
             return _zygote
+        if _failed:  # it could not start (or stopped answering) once: tasks start the usual way from now on
+            return None
         result: list = []
         started = threading.Event()
 
@@ -254,7 +290,7 @@ def zygote(env: Mapping[str, str]) -> Zygote | None:
         started.wait()
         if isinstance(result[0], Exception):
             logger.warning("fast start unavailable (%s); starting tasks the usual way", result[0])
-            _zygote = None
+            _zygote, _failed = None, True
         else:
             _zygote = result[0]
         return _zygote
@@ -293,7 +329,8 @@ def _serve() -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    _send(sock, {"ready": True})
+    _send(sock, {"id": 0, "ready": True})
+    me = os.getpid()
     while True:
         readable, _, _ = select.select([sock, wake_r], [], [])
         if wake_r in readable:
@@ -305,18 +342,27 @@ def _serve() -> None:
                 request = _recv(sock, fds)
             except (EOFError, OSError):
                 os._exit(0)  # the parent is gone: so are we (and our tasks, by their death signal)
-            pid = os.fork()
+            except ValueError as e:  # a garbled request: refuse it, keep serving the others
+                _send(sock, {"id": -1, "error": f"bad request: {e}"})
+                continue
+            try:
+                pid = os.fork()
+            except OSError as e:  # EAGAIN, ENOMEM: this task starts the usual way; the others live on
+                for f in fds:
+                    os.close(f)
+                _send(sock, {"id": request.get("id", -1), "error": f"fork failed: {e}"})
+                continue
             if pid == 0:
                 os.close(wake_r)
                 os.close(wake_w)
-                _child(sock, request, fds, os.getppid())  # never returns
+                _child(sock, request, fds, me)  # never returns
             try:  # its own process group before anyone can signal it (the child does the same: no race)
                 os.setpgid(pid, pid)
             except OSError:
                 pass
             for f in fds:
                 os.close(f)
-            _send(sock, {"pid": pid})
+            _send(sock, {"id": request.get("id", -1), "pid": pid})
         _reap(sock)
 
 
@@ -393,6 +439,14 @@ def _child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: int) 
             runpy.run_path(name, run_name="__main__")
     except SystemExit as e:
         code = e.code
+    except KeyboardInterrupt:  # as CPython ends on an unhandled SIGINT: killed by it (exit code -2)
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 130
     except BaseException:
         import traceback
 

@@ -75,6 +75,15 @@ class ParameterServerExtended(OneDeviceExtended):
             self._runtime.note_update(var)
         return super()._update(var, fn, args, kwargs, group)
 
+    def _run_step(self, fn, args, kwargs):
+        """Keras's step; its writes (the optimizer's, eager under ``run_eagerly``) are not local writes."""
+        registry = self._runtime.registry
+        registry.stepping = True
+        try:
+            return super()._call_for_each_replica(fn, args, kwargs)
+        finally:
+            registry.stepping = False
+
     def _call_for_each_replica(self, fn, args, kwargs):
         if in_xla_compilation():
             raise ConfigError(
@@ -86,7 +95,7 @@ class ParameterServerExtended(OneDeviceExtended):
         if runtime.local_only():
             # One process, nothing to exchange: Keras's step and a step counter (README "Single process").
             self._tracing_training_step = False
-            result = super()._call_for_each_replica(fn, args, kwargs)
+            result = self._run_step(fn, args, kwargs)
             runtime.end_of_step_done_tracing()
             if not (self._tracing_training_step and runtime.variables):
                 return result
@@ -100,7 +109,7 @@ class ParameterServerExtended(OneDeviceExtended):
         began = tf.py_function(begin, [], tf.int64, name="tfdist_begin_step")
         self._tracing_training_step = False
         with tf.control_dependencies([began]):
-            result = super()._call_for_each_replica(fn, args, kwargs)
+            result = self._run_step(fn, args, kwargs)
         runtime.end_of_step_done_tracing()
         trace["training"] = self._tracing_training_step
         if not (trace["training"] and runtime.variables):

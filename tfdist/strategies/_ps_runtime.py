@@ -126,6 +126,9 @@ class VariableRegistry:
         #: Called before a local write is marked (the runtime sends steps held back first, so a held
         #: training update and a later local write never travel as one delta).
         self.before_local_write: Callable[[], None] | None = None
+        #: True while a step runs (set by the strategy): its writes (the optimizer's, eagerly under
+        #: ``run_eagerly=True``) are training, not local writes.
+        self.stepping = False
         self._own_write = False
         self._kept_logged: frozenset[str] = frozenset()
 
@@ -162,7 +165,7 @@ class VariableRegistry:
             original = getattr(var, method)
 
             def write(*args, _original=original, **kwargs):
-                if not self._own_write and tf.executing_eagerly():
+                if not self._own_write and not self.stepping and tf.executing_eagerly():
                     if self.before_local_write is not None:
                         self.before_local_write()
                     self.written.add(key)
@@ -240,9 +243,10 @@ class PSRuntime:
         self.keras_optimizer = None
         #: Tables loaded (load_weights) before the PS was initialised: written once the chief initialises it.
         self._pending_table_writes: dict[str, np.ndarray] = {}
-        #: Row pushes in flight (``background_row_pushes``), oldest first, and their thread.
+        #: Row pushes in flight (``background_row_pushes``), oldest first, with the recovery count when sent.
         self._row_pushes: collections.deque = collections.deque()
         self._row_pusher = None
+        self._row_push_lock = threading.RLock()
         self.session: WorkerSession | None = None
         self.plan: PlacementPlan | None = None
         self._lock = threading.Lock()
@@ -381,23 +385,39 @@ class PSRuntime:
 
             self._row_pusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfdist-row-push")
         ids, grads = np.array(ids, copy=True), np.array(grads, copy=True)  # the step's buffers are reused
-        self._row_pushes.append(self._row_pusher.submit(session.push_rows, key, ids, grads, lr))
+        future = self._row_pusher.submit(session.push_rows, key, ids, grads, lr)
+        with self._row_push_lock:
+            self._row_pushes.append((future, self._recoveries()))
 
     #: Row pushes of a table may travel in the background (set by the exchange path).
     background_row_pushes = False
 
-    def _reap_row_pushes(self, block_until: int = 0) -> None:
-        """Waits until at most ``block_until`` background row pushes are in flight; recovers from a failed one."""
-        while self._row_pushes and (len(self._row_pushes) > block_until or self._row_pushes[0].done()):
-            future = self._row_pushes.popleft()
-            error = future.exception()
-            if isinstance(error, PSUnavailableError):
-                def fail(e=error):
-                    raise e
+    def _recoveries(self) -> int:
+        session = self.session
+        return int(session.stats.get("recoveries", 0)) if session is not None else 0
 
-                self._recovering(fail)  # in this (the training) thread: it writes the variables
-            elif error is not None:
-                raise error
+    def _reap_row_pushes(self, block_until: int = 0) -> None:
+        """Waits until at most ``block_until`` background row pushes are in flight; recovers from a failed one.
+
+        A push that failed because a PS task was lost is recovered from here
+        (in the calling thread, which may write the variables), unless the
+        job recovered since it was sent (the lookup of a later step usually
+        has): the push is then one of the steps a recovery loses.
+        """
+        with self._row_push_lock:
+            while self._row_pushes and (len(self._row_pushes) > block_until or self._row_pushes[0][0].done()):
+                future, recoveries = self._row_pushes.popleft()
+                error = future.exception()
+                if isinstance(error, PSUnavailableError):
+                    if self._recoveries() > recoveries:
+                        continue
+
+                    def fail(e=error):
+                        raise e
+
+                    self._recovering(fail)
+                elif error is not None:
+                    raise error
 
     def wait_row_pushes(self) -> None:
         """Every row push sent (before reads of the PS, checkpoints, leaving, closing)."""
@@ -441,6 +461,7 @@ class PSRuntime:
             self.registry.written.clear()
             if values is not None:
                 self.registry.assign(values)
+            self.session = session
             pending, self._pending_table_writes = self._pending_table_writes, {}
             if pending and values is None:  # this worker initialised the job: its loaded tables are the job's
                 for key, table in pending.items():
@@ -448,7 +469,6 @@ class PSRuntime:
             elif pending:
                 logger.info("worker %d: the job already holds its tables; the %d table(s) loaded before joining "
                             "are not written", self.worker_id, len(pending))
-            self.session = session
             return session
 
     def write_table(self, key: str, values: np.ndarray) -> None:
@@ -466,10 +486,13 @@ class PSRuntime:
         if values.shape != (rows, dim):
             raise ValueError(f"Table {name!r} is {rows} x {dim}; the weights loaded into it are "
                              f"{' x '.join(map(str, values.shape))}.")
+        if self.config.ps.nonfinite == "refuse" and not np.isfinite(values).all():  # refused before any row is sent
+            raise ValueError(f"Table {name!r}: the weights loaded into it hold NaN or Inf (ps.nonfinite: refuse).")
         with self._lock:
             if self.session is None:
                 self._pending_table_writes[key] = values
                 return
+        self.wait_row_pushes()  # a push sent before the load lands before it
         self._write_table(self.session, key, values)
 
     def _write_table(self, session: WorkerSession, key: str, values: np.ndarray, chunk_rows: int = 65536) -> None:
@@ -729,15 +752,17 @@ class PSRuntime:
                 return None
             time.sleep(0.5)
 
-    def close(self, done: bool = True) -> None:
+    def close(self, done: bool = True, flush: bool = True) -> None:
         """Sends what is unsent, says ``Done`` (training tasks) and closes the connections (idempotent).
 
-        Safe at interpreter exit: no call here needs a new thread.
+        Safe at interpreter exit: no call here needs a new thread. ``flush``:
+        send held steps first (an in-process PS at interpreter exit needs
+        none: nothing reads it afterwards, and its threads are gone).
         """
         if self._closed:
             return
         self._closed = True
-        if self.session is not None:
+        if self.session is not None and flush:
             try:
                 self.flush_local_steps()
             except Exception as e:  # closing goes on: the PS keeps what it has
@@ -830,9 +855,7 @@ class UpdatePathRuntime(PSRuntime):
                 self._count_local_steps()
                 if self._unsent_steps:
                     self.ensure_session()  # initialised with the values before the write
-            self.flush_local_steps()
-        except Exception as e:  # the write goes on; the held steps then travel with it
-            logger.warning("worker %d: could not send held steps before a local write: %s", self.worker_id, e)
+            self.flush_local_steps()  # a lost PS is recovered from inside; a refusal reaches the writer
         finally:
             self._flushing_for_write = False
 

@@ -417,6 +417,8 @@ class ParameterServerStrategy(StrategyBase):
 
     def _at_exit(self) -> None:
         in_cluster = self._local_server is None
+        if not in_cluster:  # nothing reads an in-process PS after exit: do not send it the held steps
+            self._runtime.close(done=False, flush=False)
         self.shutdown()
         if in_cluster and self._task_process:
             _arm_exit_watchdog()
