@@ -153,6 +153,7 @@ class Zygote:
         self._next_id = 0
         self._exits: dict[int, int] = {}
         self._replies: dict[int, dict] = {}  # request id -> reply
+        self._abandoned: set[int] = set()  # requests whose reply came too late
         self._cond = threading.Condition()
         self._dead: str | None = None
         threading.Thread(target=self._read, daemon=True, name="tfdist-zygote-reader").start()
@@ -172,9 +173,15 @@ class Zygote:
                     if "exit" in message:
                         self._exits[int(message["exit"])] = int(message["code"])
                     else:
+                        request_id = int(message.get("id", 0))
                         if "pid" in message:  # a pid the kernel reused: its old exit code is not this task's
                             self._exits.pop(int(message["pid"]), None)
-                        self._replies[int(message.get("id", 0))] = message
+                        if request_id in self._abandoned:  # its caller gave up and started the task itself
+                            self._abandoned.discard(request_id)
+                            if "pid" in message:
+                                _kill_group(int(message["pid"]))
+                            continue
+                        self._replies[request_id] = message
                     self._cond.notify_all()
         except Exception as e:  # EOF, a broken socket, a garbled message: the zygote is unusable
             with self._cond:
@@ -200,9 +207,9 @@ class Zygote:
     def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> ForkedProcess:
         """Forks a task running ``argv`` with ``env``; its stdout and stderr are pipes, as with Popen.
 
-        A zygote that does not answer in time is given up for good (it is
-        killed, with anything it forked late): the task then starts the usual
-        way, and no late fork can run beside it.
+        When the zygote does not answer in time the task starts the usual
+        way, and the fork the zygote makes late is killed when its pid
+        arrives: none runs beside it.
         """
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -215,7 +222,8 @@ class Zygote:
                 try:
                     reply = self._wait_reply(request_id, "pid", timeout=60.0)
                 except Exception:
-                    self.close()  # its tasks die with it (PR_SET_PDEATHSIG): a late fork cannot run on
+                    with self._cond:  # a late fork of it is killed as soon as its pid arrives (see _read)
+                        self._abandoned.add(request_id)
                     raise
         except Exception:
             os.close(out_r)
@@ -255,6 +263,16 @@ class Zygote:
             if self._proc.poll() is None:
                 self._proc.kill()
             self._proc.wait(10)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 _zygote: Zygote | None = None
