@@ -176,3 +176,39 @@ def test_an_unhandled_keyboard_interrupt_ends_the_task_as_sigint_does(tmp_path):
     task, code, log = _run(tmp_path, "raise KeyboardInterrupt\n")
     assert task.forked and code == -signal.SIGINT, (code, log)  # as under Popen: killed by SIGINT
     assert "KeyboardInterrupt" in log
+
+
+def test_a_zygote_that_answers_late_leaves_no_second_task(tmp_path, monkeypatch):
+    """The start gives up on a stopped zygote (the task starts the usual way); the late fork is killed."""
+    import psutil
+
+    from tfdist.cluster import zygote as zyg
+
+    path = _script(tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    argv = [sys.executable, path, "--late-fork-tag"]
+    z = zyg.zygote(dict(os.environ))
+    assert z is not None and z.alive
+    monkeypatch.setattr(zyg, "SPAWN_TIMEOUT_S", 1.0)
+    os.kill(z._proc.pid, signal.SIGSTOP)
+    try:
+        task = TaskProcess(TaskSpec("worker", 0), argv, dict(os.environ), forward_stdout=False,
+                           forward_stderr=False, fast_start=True).start()
+    finally:
+        os.kill(z._proc.pid, signal.SIGCONT)
+    try:
+        assert not task.forked  # started the usual way
+        deadline = time.monotonic() + 30
+        while z._abandoned and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not z._abandoned and z.alive  # the late reply came, its fork was killed, the zygote serves on
+
+        def tagged():
+            return sorted(p.info["pid"] for p in psutil.process_iter(["pid", "cmdline", "status"])
+                          if "--late-fork-tag" in " ".join(p.info["cmdline"] or []) and p.info["status"] != "zombie")
+
+        deadline = time.monotonic() + 10  # the SIGKILL of the late fork is delivered
+        while tagged() != [task.pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tagged() == [task.pid]
+    finally:
+        task.stop(grace=1.0)

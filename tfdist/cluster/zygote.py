@@ -47,6 +47,8 @@ __all__ = ["fast_start_enabled", "Zygote", "ForkedProcess", "zygote", "can_fork"
 logger = logging.getLogger(__name__)
 
 ENV_FAST_START = "TFDIST_FAST_START"
+#: How long a task start waits for the zygote's fork before starting the task the usual way.
+SPAWN_TIMEOUT_S = 60.0
 
 #: What the zygote imports before forking (the expensive part of a TensorFlow task's start).
 PRELOAD = ("numpy", "grpc", "tensorflow", "keras", "tfdist", "tfdist.strategies", "tfdist.callbacks",
@@ -220,7 +222,7 @@ class Zygote:
                 _send(self._sock, {"id": request_id, "argv": list(argv), "env": dict(env), "cwd": os.getcwd()},
                       [out_w, err_w])
                 try:
-                    reply = self._wait_reply(request_id, "pid", timeout=60.0)
+                    reply = self._wait_reply(request_id, "pid", timeout=SPAWN_TIMEOUT_S)
                 except Exception:
                     with self._cond:  # a late fork of it is killed as soon as its pid arrives (see _read)
                         self._abandoned.add(request_id)
