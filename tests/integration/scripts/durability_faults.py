@@ -60,12 +60,18 @@ def stop_worker1(cluster, out, mode):
     """SIGSTOPs worker 1 paused before step PAUSE_AT (``--pause-worker 1``) past the heart-beat timeout; SIGCONT.
 
     Worker 1 is let go once ps:0 no longer counts it live and the chief
-    made 10 global steps without it (async: or finished, as nobody waits for
-    worker 1). Returns what was seen: ``stopped_s`` (how long it was
-    stopped), ``dead_after_s`` (from the stop until ps:0 gave up on it),
-    ``step_when_dead``, ``steps_without_it`` and ``batches_of_1`` (worker 1's
-    batches ps:0 had applied then).
+    made 10 steps without it: global steps on the gradient path (BSP,
+    SyncReplicas); under SSP, which counts none, the chief's batches ps:0
+    applied. Async counts none either and nobody waits for worker 1: there
+    it is let go once the chief is done. Returns what was seen:
+    ``stopped_s`` (how long it was stopped), ``dead_after_s`` (from the stop
+    until ps:0 gave up on it), ``step_when_dead``, ``steps_without_it`` (in
+    the unit above; 0 under async) and ``batches_of_1`` (worker 1's batches
+    ps:0 had applied then).
     """
+    def progress(status):
+        return int(status["worker_batches"].get("0", 0)) if mode == "ssp" else status["global_step"]
+
     seen = {}
     wait_for_file(cluster, os.path.join(out, "paused"), 240)
     worker1 = cluster.process("worker:1")
@@ -79,10 +85,10 @@ def stop_worker1(cluster, out, mode):
                 raise TimeoutError("worker 1 still live on ps:0 30 s after the heart-beat timeout")
             time.sleep(0.1)
         seen["dead_after_s"] = time.monotonic() - stopped
-        first = ps_status(cluster, 0)
-        seen["step_when_dead"] = first["global_step"]
+        first = progress(ps_status(cluster, 0))
+        seen["step_when_dead"] = first
         deadline = time.monotonic() + 60
-        while ps_status(cluster, 0)["global_step"] < first["global_step"] + 10:  # the chief trains without it
+        while progress(ps_status(cluster, 0)) < first + 10:  # the chief trains without it
             code = cluster.process("worker:0").poll()
             if code == 0 and mode == "async":  # nobody waits for worker 1: the chief may be done already
                 break
@@ -92,7 +98,7 @@ def stop_worker1(cluster, out, mode):
                 raise TimeoutError("the chief made no progress without the stopped worker")
             time.sleep(0.1)
         last = ps_status(cluster, 0)
-        seen["steps_without_it"] = last["global_step"] - first["global_step"]
+        seen["steps_without_it"] = progress(last) - first
         seen["batches_of_1"] = last["worker_batches"].get("1")
     finally:
         seen["stopped_s"] = time.monotonic() - stopped
