@@ -124,6 +124,9 @@ def run_job(mode: str, fault: str, faulted: bool, log_dir: str) -> dict:
     chief = json.load(open(os.path.join(out, "worker-0.json")))
     run = {"accuracy": chief["accuracy"], "m": m, "restarts": restarts, "recoveries": chief["recoveries"],
            "wall_s": round(time.monotonic() - start, 1)}
+    other = os.path.join(out, "worker-1.json")
+    if os.path.exists(other):  # worker 1's accuracy after its own fit (a stopped worker finishes after the chief)
+        run["worker1_accuracy"] = json.load(open(other))["accuracy"]
     if fault == "ps":
         run["restored_from"] = chief["ps_status"][1]["restored_from"]
     if faulted and fault == "chief":
@@ -180,7 +183,9 @@ def main() -> int:
                     try:
                         run = run_job(mode, fault, with_fault, log_dir)
                     except Exception as e:  # the job did not finish: reported, left out of the means
-                        run = {"accuracy": None, "error": f"{type(e).__name__}: {e}"[-3000:]}
+                        error = f"{type(e).__name__}: {e}"
+                        run = {"accuracy": None, "error": error if len(error) <= 3000 else
+                               f"{error[:500]} [...] {error[-2500:]}"}
                     run.update(mode=mode, fault=with_fault, fault_name=fault, round=r)
                     result["runs"].append(run)
                     if run["accuracy"] is not None:
