@@ -1,20 +1,45 @@
-"""Accuracy cost of a killed parameter server, over repeated runs (issue #13: "within 1 point").
+"""Accuracy cost of each fault of the fault matrix, over repeated runs (issue #13: "within 1 point").
 
 One run of the fault-matrix job (``tests/integration/test_ps_durability.py``:
 2 PS tasks, 2 workers, an MLP on digits, 150 steps per worker) differs from
-another undisturbed run by up to ~2 points under async/SSP, so a single
-comparison cannot show a 1-point bound. This script runs the job ``--rounds``
-times undisturbed and ``--rounds`` times with ps:1 SIGKILLed while the chief
-is paused before its 60th step (checkpoints every 20 steps; the launcher
-restarts ps:1, which restores its newest checkpoint), interleaved, and
-reports the chief's final test accuracy: every value, the means, their
-difference and its standard error.
+another undisturbed run by up to ~2 points, so a single comparison cannot
+show a 1-point bound. This script runs the job ``--rounds`` times
+undisturbed and ``--rounds`` times with a fault, interleaved, per mode and
+fault, and reports the chief's final test accuracy: every value, the means,
+their difference and its standard error. The faults are those of the test
+(injected by the same code, ``tests/integration/scripts/durability_faults.py``);
+the undisturbed job has the faulted job's config and M:
+
+* ``ps``: ps:1 SIGKILLed while the chief is paused before its 60th step
+  (checkpoints every 20 steps; the launcher restarts ps:1, which restores
+  its newest checkpoint; under BSP and SyncReplicas the chief then resets
+  every task to its own state).
+* ``chief``: the chief SIGKILLs itself after its 60th step; the launcher
+  starts it again (``launch.restart_chief``) and it joins the running job.
+  The new process runs the script from its start: it trains its 150 steps
+  again on the job's values (the job trains 60 chief batches more).
+* ``worker``: worker 1 SIGKILLed while it is paused before its 60th step;
+  the launcher goes on without it (``launch.on_worker_failure: auto``; under
+  BSP the barrier shrinks to the live workers) and its remaining batches
+  are not trained by anyone.
+* ``stop``: worker 1 SIGSTOPped while paused before its 60th step, past the
+  heart-beat timeout (interval 1 s, timeout 3 s), and SIGCONTed once ps:0
+  gave up on it and the chief made 10 global steps without it; it rejoins.
+  (Async counts no global steps: worker 1 goes on once the chief is done.)
+
+SyncReplicas aggregates M=1 of the 2 workers, M=2 with a stopped worker (as
+the test). SSP has staleness 3.
 
 Usage::
 
-    python benchmarks/fault_accuracy.py [--modes async,ssp] [--rounds 5] [--out FILE]
+    python benchmarks/fault_accuracy.py [--modes async,ssp,bsp,sync_replicas] [--faults ps,chief,worker,stop]
+        [--rounds 5] [--out FILE]
 
-Prints one JSON document. About 25 s per run on 2 cores (5 rounds x 2 x 2 modes: ~9 minutes).
+Prints one JSON document (``modes[mode][fault]``: the summary; ``runs``:
+every run; a run whose job did not finish has ``error`` and is left out of
+the means); ``--out`` is rewritten after every run. About 5-15 s per run
+on 2 cores with ``TFDIST_FAST_START=1`` (5 rounds x 2 runs: 1-2 minutes
+per mode and fault).
 """
 
 from __future__ import annotations
@@ -30,81 +55,160 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "tests", "integration", "scripts")
 sys.path.insert(0, ROOT)
-from benchmarks.recovery import _wait  # noqa: E402
+sys.path.insert(0, SCRIPTS)
+import durability_faults as faults  # noqa: E402  (the fault matrix's own injectors)
+from durability_faults import EVERY, HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S, PAUSE_AT, STEPS  # noqa: E402
 
-WORKER = os.path.join(ROOT, "tests", "integration", "scripts", "durability_worker.py")
-STEPS, PAUSE_AT, EVERY = 150, 60, 20
-
-
-def run_job(mode: str, fault: bool, log_dir: str) -> dict:
+WORKER = os.path.join(SCRIPTS, "durability_worker.py")
+MODES = ("async", "ssp", "bsp", "sync_replicas")
+#: Per fault: what it is (for the JSON), and the key of the faulted runs' accuracies in the summary.
+FAULTS = {
+    "ps": (f"ps:1 SIGKILLed while the chief is paused before its step {PAUSE_AT}; checkpoints every {EVERY} steps; "
+           "the launcher restarts ps:1", "ps_killed"),
+    "chief": (f"the chief SIGKILLs itself after its step {PAUSE_AT}; the launcher restarts it (launch.restart_chief)",
+              "chief_killed"),
+    "worker": (f"worker 1 SIGKILLed while paused before its step {PAUSE_AT}; the job goes on without it "
+               "(launch.on_worker_failure: auto); its remaining batches are not trained", "worker_killed"),
+    "stop": (f"worker 1 SIGSTOPped while paused before its step {PAUSE_AT}, past the heart-beat timeout "
+             f"(ps.heartbeat_interval_s {HEARTBEAT_INTERVAL_S:g}, ps.heartbeat_timeout_s {HEARTBEAT_TIMEOUT_S:g}); "
+             "SIGCONT once ps:0 gave up on it and the chief made 10 global steps without it", "worker_stopped"),
+}
+def _config(fault: str, work: str):
+    """The job's config with ``fault`` (the undisturbed run of the pair has the same): as the test sets it."""
     from tfdist.config import JobConfig
+
+    config = JobConfig(name="fault-accuracy")
+    if fault == "ps":
+        config.ps.checkpoint_dir = os.path.join(work, "ckpt")
+        config.ps.checkpoint_every_steps, config.ps.checkpoint_every_s = EVERY, None
+    elif fault == "stop":
+        config.ps.heartbeat_interval_s, config.ps.heartbeat_timeout_s = HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S
+    # chief: launch.restart_chief and worker: launch.on_worker_failure "auto" are the defaults the test runs with
+    return config
+
+
+def _fault_args(fault: str) -> list[str]:
+    if fault == "chief":
+        return ["--crash-chief-at", str(PAUSE_AT)]
+    if fault == "ps":
+        return ["--pause-at", str(PAUSE_AT)]
+    return ["--pause-at", str(PAUSE_AT), "--pause-worker", "1"]  # worker, stop
+
+
+def run_job(mode: str, fault: str, faulted: bool, log_dir: str) -> dict:
+    """One run of the job in ``mode`` with ``fault`` (``faulted``) or without; what the chief ended with."""
     from tfdist.testing import LocalCluster
 
-    work = tempfile.mkdtemp(prefix=f"{mode}-{'fault' if fault else 'base'}-", dir=log_dir)
+    work = tempfile.mkdtemp(prefix=f"{mode}-{fault}-{'fault' if faulted else 'base'}-", dir=log_dir)
     out = os.path.join(work, "out")
     os.makedirs(out)
-    config = JobConfig(name="fault-accuracy")
-    config.ps.checkpoint_dir = os.path.join(work, "ckpt")
-    config.ps.checkpoint_every_steps, config.ps.checkpoint_every_s = EVERY, None
-    args = ["--out", out, "--mode", mode, "--steps", str(STEPS)]
-    if fault:
-        args += ["--pause-at", str(PAUSE_AT)]
+    m = faults.sync_replicas_m(mode, fault)
+    args = ["--out", out, "--mode", mode, "--m", str(m), "--steps", str(STEPS)]
+    if faulted:
+        args += _fault_args(fault)
+    seen: dict = {}
     start = time.monotonic()
-    with LocalCluster(workers=2, ps=2, config=config, log_dir=os.path.join(work, "logs")) as cluster:
+    with LocalCluster(workers=2, ps=2, config=_config(fault, work), log_dir=os.path.join(work, "logs")) as cluster:
         cluster.start(WORKER, args)
-        if fault:
-            paused = os.path.join(out, "paused")
-            _wait(cluster, "the chief's pause", lambda: os.path.exists(paused), 240)
-            cluster.kill("ps:1")
-            open(os.path.join(out, "resume"), "w").close()
+        if faulted and fault == "ps":
+            faults.kill_ps1(cluster, out)
+        elif faulted and fault == "worker":
+            faults.kill_worker1(cluster, out)
+        elif faulted and fault == "stop":
+            seen = faults.stop_worker1(cluster, out, mode)
         cluster.wait(300)
         restarts = dict(cluster.job.restarts)
+        failed = [str(t) for t in cluster.job.failed_workers]
     chief = json.load(open(os.path.join(out, "worker-0.json")))
-    return {"accuracy": chief["accuracy"], "restarts": restarts, "recoveries": chief["recoveries"],
-            "restored_from": chief["ps_status"][1]["restored_from"], "wall_s": round(time.monotonic() - start, 1)}
+    run = {"accuracy": chief["accuracy"], "m": m, "restarts": restarts, "recoveries": chief["recoveries"],
+           "wall_s": round(time.monotonic() - start, 1)}
+    other = os.path.join(out, "worker-1.json")
+    if os.path.exists(other):  # worker 1's accuracy after its own fit (a stopped worker finishes after the chief)
+        run["worker1_accuracy"] = json.load(open(other))["accuracy"]
+    if fault == "ps":
+        run["restored_from"] = chief["ps_status"][1]["restored_from"]
+    if faulted and fault == "chief":
+        run["chief_crashed"] = os.path.exists(os.path.join(out, "crashed"))
+    if faulted and fault == "worker":
+        done = int(chief["ps_status"][0]["worker_batches"]["1"])
+        run.update(failed_workers=failed, worker1_batches=done, worker1_batches_lost=STEPS - done)
+    if faulted and fault == "stop":
+        run.update({k: round(v, 2) if isinstance(v, float) else v for k, v in seen.items()})
+    return run
 
 
-def summarise(base: list[float], faulted: list[float]) -> dict:
+def summarise(base: list[float], faulted: list[float], label: str) -> dict:
+    """The accuracies of both sides (``label``: the faulted side's key), means, SDs, difference ± SE in points."""
     diff = statistics.mean(faulted) - statistics.mean(base)
     se = math.sqrt(statistics.variance(base) / len(base) + statistics.variance(faulted) / len(faulted)) \
         if len(base) > 1 and len(faulted) > 1 else None
-    return {"undisturbed": base, "ps_killed": faulted,
-            "mean_undisturbed": statistics.mean(base), "mean_ps_killed": statistics.mean(faulted),
-            "sd_undisturbed": statistics.pstdev(base), "sd_ps_killed": statistics.pstdev(faulted),
+    return {"undisturbed": base, label: faulted,
+            "mean_undisturbed": statistics.mean(base), f"mean_{label}": statistics.mean(faulted),
+            "sd_undisturbed": statistics.pstdev(base), f"sd_{label}": statistics.pstdev(faulted),
             "mean_difference_points": 100 * diff, "standard_error_points": None if se is None else 100 * se,
             "within_1_point": abs(100 * diff) <= 1.0}
 
 
+def _names(text: str, known, flag: str, parser) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        parser.error(f"{flag} takes a comma-separated list of {', '.join(known)}. Received: {flag}={text!r}.")
+    return names
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="async,ssp")
+    p.add_argument("--modes", default="async,ssp", help=f"comma-separated, of {','.join(MODES)}")
+    p.add_argument("--faults", default="ps", help=f"comma-separated, of {','.join(FAULTS)}")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out")
     args = p.parse_args()
+    modes, fault_names = _names(args.modes, MODES, "--modes", p), _names(args.faults, FAULTS, "--faults", p)
     log_dir = tempfile.mkdtemp(prefix="fault-accuracy-")
     result = {"benchmark": "fault_accuracy", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "command": "python benchmarks/fault_accuracy.py " + " ".join(sys.argv[1:]),
-              "job": f"2 PS, 2 workers, MLP on digits, {STEPS} steps per worker; ps:1 SIGKILLed before the chief's "
-                     f"step {PAUSE_AT}; checkpoints every {EVERY} steps", "load_avg_at_start": os.getloadavg(),
-              "modes": {}, "runs": []}
-    for mode in args.modes.split(","):
-        base, faulted = [], []
-        for r in range(args.rounds):
-            for fault in ((False, True) if r % 2 == 0 else (True, False)):  # interleaved
-                run = run_job(mode, fault, log_dir)
-                run.update(mode=mode, fault=fault, round=r)
-                result["runs"].append(run)
-                (faulted if fault else base).append(run["accuracy"])
-                print(f"[fault_accuracy] {mode} round {r} {'ps killed' if fault else 'undisturbed'}: "
-                      f"{run['accuracy']:.4f} ({run['wall_s']} s)", file=sys.stderr, flush=True)
-        result["modes"][mode] = summarise(base, faulted)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+              "job": f"2 PS, 2 workers, MLP on digits, {STEPS} steps per worker; SSP staleness 3; SyncReplicas M=1 "
+                     "(M=2 with a stopped worker); the undisturbed runs have the faulted runs' config",
+              "faults": {f: FAULTS[f][0] for f in fault_names}, "load_avg_at_start": os.getloadavg(),
+              "log_dir": log_dir, "modes": {}, "runs": []}
+    for mode in modes:
+        for fault in fault_names:
+            label = FAULTS[fault][1]
+            base, faulted = [], []
+            for r in range(args.rounds):
+                for with_fault in ((False, True) if r % 2 == 0 else (True, False)):  # interleaved
+                    try:
+                        run = run_job(mode, fault, with_fault, log_dir)
+                    except Exception as e:  # the job did not finish: reported, left out of the means
+                        error = f"{type(e).__name__}: {e}"
+                        run = {"accuracy": None, "error": error if len(error) <= 3000 else
+                               f"{error[:500]} [...] {error[-2500:]}"}
+                    run.update(mode=mode, fault=with_fault, fault_name=fault, round=r)
+                    result["runs"].append(run)
+                    if run["accuracy"] is not None:
+                        (faulted if with_fault else base).append(run["accuracy"])
+                    what = label.replace("_", " ") if with_fault else "undisturbed"
+                    print(f"[fault_accuracy] {mode} {fault} round {r} {what}: "
+                          + (f"{run['accuracy']:.4f} ({run['wall_s']} s)" if run["accuracy"] is not None
+                             else run["error"][:300]), file=sys.stderr, flush=True)
+                    if base and faulted:  # so far (the file holds every finished run if the script is stopped)
+                        summary = summarise(base, faulted, label)
+                        summary["failed_runs"] = sum(1 for x in result["runs"] if x["mode"] == mode and
+                                                     x["fault_name"] == fault and x["accuracy"] is None)
+                        result["modes"].setdefault(mode, {})[fault] = summary
+                    _write(result, args.out)
+    print(json.dumps(result, indent=2))
     return 0
+
+
+def _write(result: dict, path: str | None) -> None:
+    if path:
+        with open(path + ".tmp", "w") as f:
+            json.dump(result, f, indent=2)
+        os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

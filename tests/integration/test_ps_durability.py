@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 
 import pytest
@@ -28,36 +29,14 @@ import pytest
 from tfdist.config import JobConfig
 from tfdist.testing import LocalCluster
 
+# The faults are injected by the scripts' durability_faults.py (benchmarks/fault_accuracy.py injects the same).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
+from durability_faults import (EVERY, HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S, PAUSE_AT, STEPS,  # noqa: E402
+                               kill_ps1, kill_worker1, stop_worker1, sync_replicas_m, wait_for_file)
+
 pytestmark = pytest.mark.timeout(420)
 
-STEPS, PAUSE_AT, EVERY = 150, 60, 20
-
-
-def _wait_for_file(cluster, path, timeout):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        for task, proc in cluster.job.tasks.items():
-            assert proc.poll() is None, f"{task} exited {proc.poll()} early:\n{cluster.log(task)[-3000:]}"
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
-        time.sleep(0.05)
-
-
-def _status(cluster, ps):
-    with cluster.client() as client:
-        meta, _ = client.call(ps, "Status", {"brief": True})
-    return meta
-
-
 _BASELINE: dict[tuple[str, int], float] = {}
-
-
-def _kill_ps1(cluster, out):
-    """The fault of ``test_a_job_survives_a_killed_ps``: while the chief is paused, SIGKILL ps:1."""
-    _wait_for_file(cluster, str(out / "paused"), 240)
-    before = _status(cluster, 1)
-    cluster.kill("ps:1")
-    (out / "resume").touch()
-    return before
 
 
 class _Logs(dict):
@@ -124,7 +103,7 @@ def test_a_job_survives_a_killed_ps(tmp_path, tmp_path_factory, scripts_dir, mod
         config.ps.checkpoint_dir = str(tmp_path / "ckpt")
         config.ps.checkpoint_every_steps = EVERY
         config.ps.checkpoint_every_s = None
-    results, before, restarts, logs, _ = _run(tmp_path, scripts_dir, mode, config, fault=_kill_ps1,
+    results, before, restarts, logs, _ = _run(tmp_path, scripts_dir, mode, config, fault=kill_ps1,
                                               extra=["--pause-at", str(PAUSE_AT)])
     assert restarts == {"ps:1": 1}
     baseline = _baseline(tmp_path_factory, scripts_dir, mode)
@@ -160,8 +139,8 @@ def test_an_evaluator_goes_on_across_a_ps_restart(tmp_path, scripts_dir):
     config.ps.checkpoint_dir = str(tmp_path / "ckpt")
     config.ps.checkpoint_every_steps, config.ps.checkpoint_every_s = EVERY, None
     def kill_ps1_after_a_round(cluster, out):
-        _wait_for_file(cluster, str(out / "evaluating"), 240)  # the evaluator has read the job once
-        return _kill_ps1(cluster, out)
+        wait_for_file(cluster, str(out / "evaluating"), 240)  # the evaluator has read the job once
+        return kill_ps1(cluster, out)
 
     results, before, restarts, logs, cluster = _run(tmp_path, scripts_dir, "async", config,
                                                     fault=kill_ps1_after_a_round,
@@ -201,14 +180,10 @@ def test_a_job_survives_a_killed_chief(tmp_path, tmp_path_factory, scripts_dir, 
 def test_a_job_goes_on_without_a_killed_worker(tmp_path, tmp_path_factory, scripts_dir, mode):
     """Worker 1 is SIGKILLed mid-fit; under ``launch.on_worker_failure: auto`` the chief trains to the end.
 
-    Async, and SyncReplicas with M=1 (worker 1 is a backup the mode can do without). BSP cannot do without
-    a worker: the launcher stops the job, naming it (``tests/e2e/test_launcher_cli.py``).
+    Async, and SyncReplicas with M=1 (worker 1 is a backup the mode can do without). BSP goes on as well (its
+    barrier shrinks to the live workers: ``tfdist.cluster.failure``); ``benchmarks/fault_accuracy.py --modes
+    bsp --faults worker`` runs it.
     """
-    def kill_worker1(cluster, out):
-        _wait_for_file(cluster, str(out / "paused"), 240)  # worker 1 waits before its PAUSE_AT-th step
-        cluster.kill("worker:1")
-        (out / "resume").touch()  # the chief waits for it before its (PAUSE_AT + 30)-th step
-
     results, _, restarts, logs, cluster = _run(
         tmp_path, scripts_dir, mode, JobConfig(name="durable"), fault=kill_worker1, workers=(0,),
         extra=["--pause-at", str(PAUSE_AT), "--pause-worker", "1"])
@@ -227,9 +202,6 @@ def test_a_job_goes_on_without_a_killed_worker(tmp_path, tmp_path_factory, scrip
     assert chief["accuracy"] >= baseline - max(MARGIN[mode], 0.02), (chief, baseline, logs)
 
 
-HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S = 1.0, 3.0
-
-
 @_SLOW
 @pytest.mark.parametrize("mode", ["async", "bsp", "sync_replicas"])
 def test_a_stopped_worker_rejoins(tmp_path, tmp_path_factory, scripts_dir, mode):
@@ -245,37 +217,11 @@ def test_a_stopped_worker_rejoins(tmp_path, tmp_path_factory, scripts_dir, mode)
     config.ps.heartbeat_interval_s, config.ps.heartbeat_timeout_s = HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S
     seen = {}
 
-    def stop_worker1(cluster, out):
-        _wait_for_file(cluster, str(out / "paused"), 240)  # worker 1 waits before its PAUSE_AT-th step
-        worker1 = cluster.process("worker:1")
-        worker1.signal(signal.SIGSTOP)
-        stopped = time.monotonic()
-        (out / "resume").touch()  # read when it runs again
-        try:
-            deadline = stopped + HEARTBEAT_TIMEOUT_S + 30
-            while 1 in _status(cluster, 0)["live_workers"]:  # the PS gives up on it after the heart-beat timeout
-                assert time.monotonic() < deadline, "worker 1 still live on ps:0 30 s after the heart-beat timeout"
-                time.sleep(0.1)
-            seen["dead_after_s"] = time.monotonic() - stopped
-            first = _status(cluster, 0)
-            seen["step_when_dead"] = first["global_step"]
-            deadline = time.monotonic() + 60
-            while _status(cluster, 0)["global_step"] < first["global_step"] + 10:  # the chief trains without it
-                code = cluster.process("worker:0").poll()
-                if code == 0 and mode == "async":  # nobody waits for worker 1: the chief may be done already
-                    break
-                assert code is None, cluster.log("worker:0")[-3000:]
-                assert time.monotonic() < deadline, "the chief made no progress without the stopped worker"
-                time.sleep(0.1)
-            last = _status(cluster, 0)
-            seen["steps_without_it"] = last["global_step"] - first["global_step"]
-            seen["batches_of_1"] = last["worker_batches"].get("1")
-        finally:
-            seen["stopped_s"] = time.monotonic() - stopped
-            worker1.signal(signal.SIGCONT)
+    def stop(cluster, out):
+        seen.update(stop_worker1(cluster, out, mode))
 
-    m = 2 if mode == "sync_replicas" else 1
-    results, _, restarts, logs, _ = _run(tmp_path, scripts_dir, mode, config, fault=stop_worker1, m=m,
+    m = sync_replicas_m(mode, "stop")
+    results, _, restarts, logs, _ = _run(tmp_path, scripts_dir, mode, config, fault=stop, m=m,
                                          extra=["--pause-at", str(PAUSE_AT), "--pause-worker", "1"])
     assert restarts == {}
     # its last heart-beat came at most one interval before the stop
