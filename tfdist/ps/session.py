@@ -559,7 +559,10 @@ class WorkerSession:
     def _heartbeat_loop(self, interval: float, stop: threading.Event) -> None:
         while not stop.wait(interval):
             try:
-                self.client.call_all("Heartbeat", {"worker": self.worker_id}, timeout=interval * 2)
+                # One task after the other in this thread: on the client's call threads a beat would queue
+                # behind a blocking call (an SSP pull waiting for a stopped worker) and stop every beat, so
+                # the PS would count this worker gone too.
+                self.client.call_all("Heartbeat", {"worker": self.worker_id}, timeout=interval * 2, parallel=False)
             except Exception as e:  # a missed beat is not fatal; the next call reports a dead PS
                 logger.debug("heartbeat failed: %s", e)
 
