@@ -879,6 +879,12 @@ class GradientSession(WorkerSession):
         steps = {st["state_step"] for st in statuses}
         if len(steps) == 1:
             return values
+        if all(st.get("restored_from") is None for st in statuses):
+            # No task came back from a checkpoint (the chief alone restarted): a step was in flight, some tasks
+            # have closed it and some not yet. Nothing to roll back: load the newest state once all reach it.
+            logger.info("worker %d: the parameter servers are at steps %s (a step in flight); loading step %d",
+                        self.worker_id, sorted(steps), max(steps))
+            return self.pull(min_state_step=max(steps))
         target = min(steps)
         logger.warning("worker %d: the parameter servers restored different steps %s; rolling every task back to "
                        "step %d", self.worker_id, sorted(steps), target)
