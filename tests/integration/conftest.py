@@ -15,6 +15,13 @@ def scripts_dir():
     return SCRIPTS
 
 
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """No TF_CONFIG/TFDIST_CONFIG: a strategy built in the test runs as one process with an in-process PS."""
+    for name in ("TF_CONFIG", "TFDIST_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/integration" in str(item.fspath):

@@ -36,12 +36,6 @@ def _model(big_layer):
     return model
 
 
-@pytest.fixture
-def no_cluster(monkeypatch):
-    for name in ("TF_CONFIG", "TFDIST_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def test_a_large_embedding_lives_on_the_ps_and_trains_like_a_sharded_embedding(no_cluster, tmp_path):
     ids, y = _data()
     keras.backend.clear_session()

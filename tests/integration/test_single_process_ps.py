@@ -23,12 +23,6 @@ def _model(lr=0.05):
     return model
 
 
-@pytest.fixture
-def no_cluster(monkeypatch):
-    for name in ("TF_CONFIG", "TFDIST_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def test_async_training_exchanges_nothing_and_equals_plain_keras(no_cluster, monkeypatch):
     import tfdist
 

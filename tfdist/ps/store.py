@@ -701,18 +701,9 @@ class ParameterStore:
 
     def push_rows(self, req: PushRowsRequest) -> dict[str, Any]:
         """Row gradients: applied now (update path) or counted towards ``req.step`` (gradient path)."""
-        if req.grads.dtype != np.float32:
-            raise StoreError(f"Row gradients of {short(req.key)} must be float32. Received: {req.grads.dtype.name}.")
-        self._check_finite({req.key: req.grads}, req.worker, "row gradient")
+        self._check_row_array(req, req.grads, "Row gradients of", "row gradient")
         with self._cond:
-            self._require_initialized()
-            self._check_incarnation(req.incarnation)
-            self._check_member(req.worker)
-            table = self._table(req.key)
-            if req.grads.shape[1] != table.spec.dim:
-                raise StoreError(f"Row gradients of {short(req.key)} are {req.grads.shape[1]} wide; its rows "
-                                 f"are {table.spec.dim}.")
-            self._check_rows(table, req.rows)
+            table = self._row_request_table(req, req.grads, "Row gradients of")
             if self.policy.path == "gradient":
                 if req.step is None:
                     raise StoreError("PushRows on the gradient path names the global step (`step`).")
@@ -732,20 +723,28 @@ class ParameterStore:
             self.stats["row_pushes"] += 1
             return {"applied": True, "dropped": False}
 
+    def _check_row_array(self, req, array: np.ndarray, what: str, finite_what: str) -> None:
+        """A row request's array (before the lock: it reads only the array): float32, finite per policy."""
+        if array.dtype != np.float32:
+            raise StoreError(f"{what} {short(req.key)} must be float32. Received: {array.dtype.name}.")
+        self._check_finite({req.key: array}, req.worker, finite_what)
+
+    def _row_request_table(self, req, array: np.ndarray, what: str) -> Table:
+        """The table a row request (PushRows, WriteRows) names, once the request fits it (lock held)."""
+        self._require_initialized()
+        self._check_incarnation(req.incarnation)
+        self._check_member(req.worker)
+        table = self._table(req.key)
+        if array.shape[1] != table.spec.dim:
+            raise StoreError(f"{what} {short(req.key)} are {array.shape[1]} wide; its rows are {table.spec.dim}.")
+        self._check_rows(table, req.rows)
+        return table
+
     def write_rows(self, req: WriteRowsRequest) -> dict[str, Any]:
         """Sets rows of a table (a worker loading weights into it), all or nothing."""
-        if req.values.dtype != np.float32:
-            raise StoreError(f"Rows written to {short(req.key)} must be float32. Received: {req.values.dtype.name}.")
-        self._check_finite({req.key: req.values}, req.worker, "row value")
+        self._check_row_array(req, req.values, "Rows written to", "row value")
         with self._cond:
-            self._require_initialized()
-            self._check_incarnation(req.incarnation)
-            self._check_member(req.worker)
-            table = self._table(req.key)
-            if req.values.shape[1] != table.spec.dim:
-                raise StoreError(f"Rows written to {short(req.key)} are {req.values.shape[1]} wide; its rows "
-                                 f"are {table.spec.dim}.")
-            self._check_rows(table, req.rows)
+            table = self._row_request_table(req, req.values, "Rows written to")
             self._touch(req.worker)
             table.write(req.rows, req.values)
             self.stats["bytes_in"] += req.values.nbytes + req.rows.nbytes

@@ -346,8 +346,7 @@ class PSRuntime:
         try:
             return session.lookup_rows(key, ids, as_reader=as_reader)
         except PSUnavailableError as e:
-            self.registry.assign(session.recover(e, self.registry.values() if self.is_chief else None,
-                                                 as_reader=as_reader))
+            self._recover(e, as_reader)
             return session.lookup_rows(key, ids, as_reader=as_reader)
 
     def read_rows(self, key: str, ids: np.ndarray) -> np.ndarray:
@@ -409,13 +408,8 @@ class PSRuntime:
                 future, recoveries = self._row_pushes.popleft()
                 error = future.exception()
                 if isinstance(error, PSUnavailableError):
-                    if self._recoveries() > recoveries:
-                        continue
-
-                    def fail(e=error):
-                        raise e
-
-                    self._recovering(fail)
+                    if self._recoveries() == recoveries and not self._closed:
+                        self._recover(error, as_reader=self._left or self.worker_id < 0)
                 elif error is not None:
                     raise error
 
@@ -519,13 +513,15 @@ class PSRuntime:
         try:
             return call()
         except PSUnavailableError as e:
-            session = self.session
-            if session is None or self._closed:
+            if self.session is None or self._closed:
                 raise
-            values = session.recover(e, self.registry.values() if self.is_chief else None,
-                                     as_reader=self._left or self.worker_id < 0)
-            self.registry.assign(values)
+            self._recover(e, as_reader=self._left or self.worker_id < 0)
             return None
+
+    def _recover(self, error: PSUnavailableError, as_reader: bool) -> None:
+        """Recovers from a lost or restarted PS task and loads the job's values into the variables."""
+        self.registry.assign(self.session.recover(error, self.registry.values() if self.is_chief else None,
+                                                  as_reader=as_reader))
 
     # ------------------------------------------------------------------- steps
     def _require_training_task(self) -> None:
