@@ -163,9 +163,14 @@ def test_an_evaluator_goes_on_across_a_ps_restart(tmp_path, scripts_dir):
 @pytest.mark.parametrize("mode", ["async", pytest.param("bsp", marks=_SLOW),
                                   pytest.param("sync_replicas", marks=_SLOW)])
 def test_a_job_survives_a_killed_chief(tmp_path, tmp_path_factory, scripts_dir, mode):
-    """The chief SIGKILLs itself mid-fit; the launcher starts it again and it joins with the job's values."""
+    """The chief SIGKILLs itself mid-fit; the launcher starts it again and it joins with the job's values.
+
+    Every worker evaluates once all have finished ``fit`` (``--barrier``): worker 1 finishes while the
+    restarted chief still trains its steps again, and its model then was the job's mid-training one
+    (measured in CI: 0.922 against 0.953, while the chief ended at 0.947).
+    """
     results, _, restarts, logs, _ = _run(tmp_path, scripts_dir, mode, JobConfig(name="durable"),
-                                         extra=["--crash-chief-at", str(PAUSE_AT)])
+                                         extra=["--crash-chief-at", str(PAUSE_AT), "--barrier"])
     assert restarts == {"worker:0": 1}, logs
     assert os.path.exists(tmp_path / "out" / "crashed")
     baseline = _baseline(tmp_path_factory, scripts_dir, mode)

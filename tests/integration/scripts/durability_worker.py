@@ -10,6 +10,8 @@ Usage: durability_worker.py --out DIR --mode async|ssp|bsp|sync_replicas [--m M]
                         is the model's second variable), so that a checkpoint of ps:1 takes a while to write
        [--crash-chief-at K]  the chief SIGKILLs itself after its K-th step (only the first time: the
                         launcher restarts it and the new process trains to the end)
+       [--barrier]      every worker evaluates only once all workers finished ``fit`` (a file barrier,
+                        bounded): each measures the job's final model, not the one mid-training
 
 Writes ``worker-<id>.json``: steps done, the wall-clock time at the end of
 every step, the final test accuracy of this worker's model (after a pull),
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,6 +32,9 @@ import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
 from tfdist.datasets import load_digits  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from file_barrier import wait_for_all  # noqa: E402  (this script's folder)
 
 
 class Pause(keras.callbacks.Callback):
@@ -109,6 +115,7 @@ def main():
     p.add_argument("--pause-at", type=int)
     p.add_argument("--crash-chief-at", type=int, help="the chief SIGKILLs itself after this step (once)")
     p.add_argument("--pause-worker", type=int, default=0, help="the worker that pauses at --pause-at")
+    p.add_argument("--barrier", action="store_true", help="evaluate once every worker finished fit")
     p.add_argument("--ballast-mb", type=float, default=0.0, help="an unused variable of this size on ps:1")
     args = p.parse_args()
 
@@ -138,6 +145,8 @@ def main():
                   args.crash_chief_at if me == 0 else None, hold_at=others_hold)
     model.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=2,
               callbacks=[pause, tfdist.callbacks.LeaveOnTrainEnd()])
+    if args.barrier:  # the others may still train (a restarted chief trains its steps again)
+        wait_for_all(args.out, "trained", me, n, timeout=180)
     strategy.pull()
     _, accuracy = model.evaluate(data.x_test.reshape(-1, 64), data.y_test, verbose=0)
     runtime = strategy.extended._runtime
