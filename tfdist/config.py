@@ -278,6 +278,16 @@ class StrategyConfig:
             models, few cores, slow links). Pending updates are sent before
             every evaluation/prediction pull and when the worker stops.
             Defaults to ``1``.
+        lone_worker_exchange_s: Async (ASP) only, a job with exactly one
+            training worker (not elastic): nobody else writes to the PS, so
+            the worker's steps run without any exchange (Keras's own step and
+            a step counter) and a background thread sends their summed update
+            every this many seconds (and before every pull, checkpoint, local
+            write and at the end). The PS, an evaluator and the PS checkpoints
+            see the job at most this long (plus one exchange) behind; a PS
+            task lost in between loses those steps as it loses the steps
+            since its checkpoint. ``0``: exchange after every step, as with
+            several workers. Defaults to ``0.1``.
     """
 
     consistency: str = "async"
@@ -289,8 +299,10 @@ class StrategyConfig:
     delta: float = 0.01
     overlap_exchange: bool = True
     exchange_every: int = 1
+    lone_worker_exchange_s: float = 0.1
 
     def __post_init__(self):
+        _check_number("strategy.lone_worker_exchange_s", self.lone_worker_exchange_s, 0, MAX_SECONDS)
         if not isinstance(self.overlap_exchange, bool):
             raise _fail("strategy.overlap_exchange", self.overlap_exchange, "Give true or false.")
         allowed = ("async", "bsp", "sync_replicas", "ssp", "dtssp")

@@ -129,7 +129,9 @@ class VariableRegistry:
         #: True while a step runs (set by the strategy): its writes (the optimizer's, eagerly under
         #: ``run_eagerly=True``) are training, not local writes.
         self.stepping = False
-        self._own_write = False
+        # Per thread: a lone worker's background exchange adds corrections while the training thread may
+        # make a local write, which must still be marked.
+        self._own = threading.local()
         self._kept_logged: frozenset[str] = frozenset()
 
     def register(self, var: tf.Variable, trainable: bool, frozen: bool, owner=None, watch: bool = True) -> None:
@@ -172,6 +174,14 @@ class VariableRegistry:
                 return _original(*args, **kwargs)
 
             setattr(var, method, write)
+
+    @property
+    def _own_write(self) -> bool:
+        return getattr(self._own, "write", False)
+
+    @_own_write.setter
+    def _own_write(self, value: bool) -> None:
+        self._own.write = value
 
     def key_of(self, var) -> str | None:
         return self._keys_by_var.get(id(var))
@@ -250,6 +260,9 @@ class PSRuntime:
         self.session: WorkerSession | None = None
         self.plan: PlacementPlan | None = None
         self._lock = threading.Lock()
+        #: Held by every exchange a lone worker's background thread makes and by the calls of the training
+        #: thread that use the session (pull, checkpoint, leave, close): one at a time.
+        self._exchange_lock = threading.RLock()
         self._closed = False
         self._left = False
         #: Seconds the current/last training step spent blocked on the PS (waits, transfers).
@@ -574,9 +587,10 @@ class PSRuntime:
 
     def refresh(self, keep_local_writes: bool = True) -> None:
         """``strategy.pull()``: the job's freshest values into this worker's variables now."""
-        if not keep_local_writes:
-            self.registry.written.clear()
-        self.begin_step(training=False)
+        with self._exchange_lock:
+            if not keep_local_writes:
+                self.registry.written.clear()
+            self.begin_step(training=False)
 
     @contextlib.contextmanager
     def _blocked(self):
@@ -636,6 +650,10 @@ class PSRuntime:
 
         A later training step takes the worker back into the job (:meth:`rejoin`).
         """
+        with self._exchange_lock:
+            self._leave()
+
+    def _leave(self) -> None:
         if self._left or self.session is None or self.worker_id < 0:
             return
         try:
@@ -669,8 +687,9 @@ class PSRuntime:
         """``strategy.checkpoint()``: every PS task writes its shard now (update path: local steps sent first)."""
         self._require_training_task()
         session = self.ensure_session()
-        self.flush_local_steps()
-        session.flush()
+        with self._exchange_lock:
+            self.flush_local_steps()
+            session.flush()
         replies = session.client.request_many(
             {ps: CheckpointRequest(self.worker_id) for ps in range(session.plan.num_ps)},
             timeout=max(self.config.ps.rpc_timeout_s, 120.0))
@@ -755,6 +774,14 @@ class PSRuntime:
         send held steps first (an in-process PS at interpreter exit needs
         none: nothing reads it afterwards, and its threads are gone).
         """
+        self._stop_background_exchange()
+        with self._exchange_lock:
+            self._close(done, flush)
+
+    def _stop_background_exchange(self) -> None:
+        """Hook: stops a lone worker's background exchange (before the last steps are sent)."""
+
+    def _close(self, done: bool, flush: bool) -> None:
         if self._closed:
             return
         self._closed = True
@@ -795,21 +822,39 @@ class UpdatePathRuntime(PSRuntime):
         self.background_row_pushes = self.overlap and not single_process
         #: ASP: exchange after every k-th step; the steps in between stay local (``strategy.exchange_every``).
         self.exchange_every = config.strategy.exchange_every if asp else 1
-        #: One worker and its in-process PS (no cluster, no checkpoints), pure ASP: nobody else reads the
-        #: PS, so a training step is Keras's own step plus a step counter (no exchange, no py_function);
-        #: the PS learns of the steps when something reads it (pull, ps_status, checkpoint, the end).
+        #: A lone worker: the only training worker of a job with remote PS tasks (not elastic), pure ASP,
+        #: ``strategy.lone_worker_exchange_s`` > 0. Nobody else writes to the PS, so its local values are
+        #: the job's: its steps run as local-only ones and a background thread sends them every
+        #: ``lone_worker_exchange_s`` (:meth:`_lone_exchange`).
+        self.lone_worker = (asp and not single_process and self.exchange_every == 1
+                            and config.strategy.lone_worker_exchange_s > 0 and self.worker_id == 0
+                            and config.cluster.num_workers == 1 and not config.elastic.enabled)
+        #: One worker and its in-process PS (no cluster, no checkpoints), pure ASP, or a lone worker:
+        #: nobody else writes to the PS, so a training step is Keras's own step plus a step counter (no
+        #: exchange, no py_function); the PS learns of the steps when something reads it (pull,
+        #: ps_status, checkpoint, the end) and, for a lone worker, from the background exchange.
         #: Decided for good when the first step is traced (:meth:`local_only`).
         self._local_only: bool | None = (
-            None if asp and single_process and self.exchange_every == 1 and not config.ps.checkpoint_dir
-            else False)
+            None if (asp and single_process and self.exchange_every == 1 and not config.ps.checkpoint_dir)
+            or self.lone_worker else False)
         self._local_steps: tf.Variable | None = None
         self._local_steps_counted = 0
+        #: Lone worker: set when its background exchange failed for good (the next step raises).
+        self._lone_failed: tf.Variable | None = None
+        self._lone_error: BaseException | None = None
+        self._lone_thread: threading.Thread | None = None
+        self._lone_stop = threading.Event()
+        #: Lone worker after a recovery: the PS tasks do not hold its state; the next exchange sends it.
+        self._lone_resync = False
         if self._local_only is None:
-            # A PS-resident table needs its exchange every step: then the steps stay local for
-            # SINGLE_PROCESS_EXCHANGE_EVERY steps and reach the PS before every read instead.
-            self.exchange_every = SINGLE_PROCESS_EXCHANGE_EVERY
+            if single_process:
+                # A PS-resident table needs its exchange every step: then the steps stay local for
+                # SINGLE_PROCESS_EXCHANGE_EVERY steps and reach the PS before every read instead.
+                self.exchange_every = SINGLE_PROCESS_EXCHANGE_EVERY
             with tf.init_scope():
                 self._local_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_local_steps")
+                if self.lone_worker:
+                    self._lone_failed = tf.Variable(False, trainable=False, name="tfdist_lone_exchange_failed")
         self.blocked_time_waits_for_peers = not asp
         self._unsent_steps = 0
         # Steps held back are sent before a local write, so the two never travel as one update (and
@@ -827,12 +872,94 @@ class UpdatePathRuntime(PSRuntime):
         """Whether training steps run without any exchange (see ``_local_only``); fixed at the first call."""
         if self._local_only is None:
             self._local_only = not self._tables and self.slowdown is None and self.warmup_left == 0
+            if self._local_only and self.lone_worker:
+                self._start_background_exchange()
         return self._local_only
 
     def build_local_end_of_step(self) -> tf.Tensor:
         """The end of a local-only training step: counts it; its stats (the job's step is this count)."""
-        step = tf.cast(self._local_steps.assign_add(1), tf.float32)
+        if self._lone_failed is None:
+            step = tf.cast(self._local_steps.assign_add(1), tf.float32)
+        else:  # a lone worker stops at the step after its background exchange failed for good
+            ok = tf.debugging.Assert(tf.logical_not(self._lone_failed.read_value()), [
+                "tfdist: this worker's background exchange with the parameter servers failed (the error is in "
+                "its log, logger tfdist.strategies._ps_runtime); training stops"])
+            with tf.control_dependencies([ok]):
+                step = tf.cast(self._local_steps.assign_add(1), tf.float32)
         return tf.stack([step, 0.0, 0.0, -1.0, 0.0])
+
+    # ------------------------------------------------------ lone worker (background exchange)
+    def _start_background_exchange(self) -> None:
+        """A lone worker's first step is being traced: joins the job now and starts the background exchange."""
+        with tf.init_scope():  # eager, out of the step's trace: the chief initialises the PS with its values
+            self.ensure_session()
+        interval = float(self.config.strategy.lone_worker_exchange_s)
+        logger.info("worker %d is the job's only training worker: its steps run without an exchange; their "
+                    "update reaches the PS every %g s in the background (strategy.lone_worker_exchange_s)",
+                    self.worker_id, interval)
+        self._lone_thread = threading.Thread(target=self._background_exchange_loop, args=(interval,),
+                                             name="tfdist-lone-exchange", daemon=True)
+        self._lone_thread.start()
+
+    def _background_exchange_loop(self, interval: float) -> None:
+        while not self._lone_stop.wait(interval):
+            try:
+                self._lone_exchange()
+            except Exception as e:  # the PS is gone for good (recovery failed) or refused the update
+                self._lone_error = e
+                logger.error("worker %d: the background exchange with the parameter servers failed; training "
+                             "stops at the next step: %s", self.worker_id, e)
+                self._lone_failed.assign(True)
+                return
+
+    def _lone_exchange(self) -> None:
+        """Sends the steps made since the last exchange (their summed update), in the background.
+
+        The training thread goes on meanwhile: the values read here may mix
+        two steps across variables, which loses nothing, since each
+        variable's next update is taken against the very values sent now.
+        """
+        with self._exchange_lock:
+            if self._closed or self._left or self.session is None:
+                return
+            self._count_local_steps()
+            if not self._unsent_steps:  # the last exchange's outcome (a lost PS is found, and recovered from, now)
+                corrections = self._recovering(self.session.flush)
+                if corrections:
+                    self.registry.add(corrections)
+                return
+            steps, self._unsent_steps = self._unsent_steps, 0
+            recoveries = self._recoveries()
+            self._send_overlapped(self.registry.values(), None, steps)
+            if self._recoveries() > recoveries:  # the exchange before failed and this one was not sent:
+                self._unsent_steps += steps      # the next one carries these steps (and the state, see _recover)
+            else:
+                self._lone_resync = False
+
+    def _lone(self) -> bool:
+        return bool(self.lone_worker and self._local_only)
+
+    def _recover(self, error: PSUnavailableError, as_reader: bool) -> None:
+        """A lone worker keeps its values: it is the job's only writer, so they are the job's state.
+
+        The PS tasks answer again (one that restarted restored its checkpoint,
+        or was initialised again from these values); the session's base is
+        now their state, so the next exchange sends ``local - theirs`` and
+        they hold this worker's state again: no step is lost, whatever the
+        checkpoint held. (Other workers load the job's values instead.)
+        """
+        if not self._lone():
+            return super()._recover(error, as_reader)
+        self.session.recover(error, self.registry.values(), as_reader=as_reader)
+        self._lone_resync = True
+
+    def _stop_background_exchange(self) -> None:
+        thread = self._lone_thread
+        if thread is None:
+            return
+        self._lone_stop.set()
+        if thread is not threading.current_thread():
+            thread.join(timeout=float(self.config.ps.rpc_timeout_s) + 5.0)
 
     def _count_local_steps(self) -> None:
         """Local-only: the steps the graph counted since the last look become unsent steps."""
@@ -908,11 +1035,23 @@ class UpdatePathRuntime(PSRuntime):
         Row pushes still in flight are waited for first (every read of the PS after this sees them).
         """
         self.wait_row_pushes()
-        self._count_local_steps()
-        if not self._unsent_steps or self.session is None or self.worker_id < 0 or self._left:
-            return
-        steps, self._unsent_steps = self._unsent_steps, 0
-        self._send_blocking(self.registry.values(), None, steps)  # waits for any exchange in flight first
+        with self._exchange_lock:
+            if self._lone_error is not None:
+                raise self._lone_error
+            self._count_local_steps()
+            if self._lone_resync and not self._unsent_steps:
+                self._unsent_steps = 1  # the PS tasks must get this lone worker's state back: a push counts a batch
+            if not self._unsent_steps or self.session is None or self.worker_id < 0 or self._left:
+                return
+            steps, self._unsent_steps = self._unsent_steps, 0
+            for _ in range(2):  # a lone worker's push lost with a PS task is sent again once it recovered
+                recoveries = self._recoveries()
+                self._send_blocking(self.registry.values(), None, steps)  # waits for any exchange in flight first
+                if self._recoveries() == recoveries or not self._lone():
+                    self._lone_resync = False
+                    return
+            raise PSUnavailableError(f"worker {self.worker_id}: a parameter server was lost twice while this worker "
+                                     "sent its last steps")
 
     def step_stats(self) -> np.ndarray:
         session = self.session

@@ -156,6 +156,7 @@ def main():
         "step_ends": pause.step_ends,
         "accuracy": float(accuracy),
         "recoveries": runtime.session.stats["recoveries"],
+        "lone_worker": bool(runtime.local_only() and getattr(runtime, "lone_worker", False)),
         "ps_status": [{k: st.get(k) for k in ("incarnation", "restored_from", "progress", "global_step",
                                               "state_step", "checkpoint", "joins", "worker_batches", "bytes")}
                       for st in strategy.ps_status()],
