@@ -12,6 +12,8 @@ Usage: durability_worker.py --out DIR --mode async|ssp|bsp|sync_replicas [--m M]
                         launcher restarts it and the new process trains to the end)
        [--barrier]      every worker evaluates only once all workers finished ``fit`` (a file barrier,
                         bounded): each measures the job's final model, not the one mid-training
+       [--seed S]       the model's initial values (``keras.utils.set_random_seed(S)``) and worker W's
+                        shuffle seed (``1000 * S + W``); the default 0 is the fixed seeds of before
 
 Writes ``worker-<id>.json``: steps done, the wall-clock time at the end of
 every step, the final test accuracy of this worker's model (after a pull),
@@ -116,6 +118,7 @@ def main():
     p.add_argument("--crash-chief-at", type=int, help="the chief SIGKILLs itself after this step (once)")
     p.add_argument("--pause-worker", type=int, default=0, help="the worker that pauses at --pause-at")
     p.add_argument("--barrier", action="store_true", help="evaluate once every worker finished fit")
+    p.add_argument("--seed", type=int, default=0, help="init seed; worker W shuffles with 1000 * seed + W")
     p.add_argument("--ballast-mb", type=float, default=0.0, help="an unused variable of this size on ps:1")
     args = p.parse_args()
 
@@ -132,8 +135,8 @@ def main():
         return evaluate_while_training(strategy, args.out)
     data = load_digits()
     x, y = data.x_train.reshape(-1, 64)[me::n], data.y_train[me::n]
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512, seed=me).repeat().batch(32)
-    keras.utils.set_random_seed(0)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512, seed=1000 * args.seed + me).repeat().batch(32)
+    keras.utils.set_random_seed(args.seed)
     with strategy.scope():
         ballast = [Ballast(int(args.ballast_mb * 2 ** 20) // 4)] if args.ballast_mb else []
         model = keras.Sequential([keras.Input((64,)), *ballast, keras.layers.Dense(32, activation="relu"),
@@ -152,6 +155,7 @@ def main():
     runtime = strategy.extended._runtime
     result = {
         "worker_id": me,
+        "seed": args.seed,
         "steps": pause.steps,
         "step_ends": pause.step_ends,
         "accuracy": float(accuracy),
