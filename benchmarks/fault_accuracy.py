@@ -74,7 +74,9 @@ both jobs finished: round, seed, faulted minus undisturbed in points),
 ``paired_standard_error_points`` (None with fewer than 2 pairs),
 ``within_1_point_paired``. Each run has ``seed``, ``evaluated``
 (``after_barrier``: the job's final model; ``after_own_fit``: the chief's
-right after its ``fit``) and, where worker 1 wrote one,
+right after its ``fit``), with the barrier ``chief_accuracy_after_own_fit``
+(the chief's model right after its ``fit``, before the barrier: what the
+earlier method measured) and, where worker 1 wrote one,
 ``worker1_accuracy``. The document has ``evaluate`` and ``seeds`` (absent
 in documents of the earlier method: ``own-fit`` and ``fixed``). About
 5-35 s per run on 2 cores with ``TFDIST_FAST_START=1`` (5 rounds x 2 runs:
@@ -180,6 +182,8 @@ def run_job(mode: str, fault: str, faulted: bool, log_dir: str, seed: int = 0, e
            "evaluated": "after_barrier" if barrier else "after_own_fit",
            "global_step": chief["ps_status"][0]["global_step"], "chief_steps": chief["steps"],
            "worker_batches": chief["ps_status"][0]["worker_batches"]}
+    if chief.get("accuracy_after_own_fit") is not None:  # with the barrier: the chief's model right after its fit
+        run["chief_accuracy_after_own_fit"] = chief["accuracy_after_own_fit"]
     other = os.path.join(out, "worker-1.json")
     if os.path.exists(other):  # worker 1's accuracy (without the barrier: after its own fit, maybe after the chief)
         run["worker1_accuracy"] = json.load(open(other))["accuracy"]

@@ -16,8 +16,10 @@ Usage: durability_worker.py --out DIR --mode async|ssp|bsp|sync_replicas [--m M]
                         shuffle seed (``1000 * S + W``); the default 0 is the fixed seeds of before
 
 Writes ``worker-<id>.json``: steps done, the wall-clock time at the end of
-every step, the final test accuracy of this worker's model (after a pull),
-the session's recovery count and the PS status after fit.
+every step, the final test accuracy of this worker's model (after a pull;
+with ``--barrier`` also ``accuracy_after_own_fit``, pulled and evaluated
+right after this worker's ``fit``, before the barrier), the session's
+recovery count and the PS status after fit.
 """
 
 import argparse
@@ -148,7 +150,10 @@ def main():
                   args.crash_chief_at if me == 0 else None, hold_at=others_hold)
     model.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=2,
               callbacks=[pause, tfdist.callbacks.LeaveOnTrainEnd()])
+    own_fit = None
     if args.barrier:  # the others may still train (a restarted chief trains its steps again)
+        strategy.pull()  # the job's model right after this worker's fit (what it evaluated without --barrier)
+        _, own_fit = model.evaluate(data.x_test.reshape(-1, 64), data.y_test, verbose=0)
         wait_for_all(args.out, "trained", me, n, timeout=180)
     strategy.pull()
     _, accuracy = model.evaluate(data.x_test.reshape(-1, 64), data.y_test, verbose=0)
@@ -159,6 +164,7 @@ def main():
         "steps": pause.steps,
         "step_ends": pause.step_ends,
         "accuracy": float(accuracy),
+        "accuracy_after_own_fit": None if own_fit is None else float(own_fit),  # --barrier: before it
         "recoveries": runtime.session.stats["recoveries"],
         "ps_status": [{k: st.get(k) for k in ("incarnation", "restored_from", "progress", "global_step",
                                               "state_step", "checkpoint", "joins", "worker_batches", "bytes")}
