@@ -44,20 +44,21 @@ barrier). ``--evaluate own-fit`` is the earlier method: the chief evaluates
 right after its own ``fit``, whatever the other worker still trains.
 
 Seeds (``--seeds paired``, the default): round r runs both its undisturbed
-and its faulted job with ``durability_worker.py --seed r`` (the model's
-initial values and the workers' shuffle orders), so each round is a pair
-of jobs that differ by the fault only, and the rounds sample different
-trajectories (undisturbed BSP and SyncReplicas with M=2 are deterministic:
-with one seed every undisturbed run is the same one trajectory). The
-summary adds the mean of the per-round differences (faulted minus
-undisturbed, rounds where both jobs finished) and its standard error
-(sample SD / sqrt(pairs)). ``--seeds fixed`` is the earlier method: seed 0
-in every run.
+and its faulted job with ``durability_worker.py --seed F+r`` (F:
+``--first-seed``, default 0; the seed sets the model's initial values and
+the workers' shuffle orders), so each round is a pair of jobs that differ
+by the fault only, and the rounds sample different trajectories
+(undisturbed BSP and SyncReplicas with M=2 are deterministic: with one
+seed every undisturbed run is the same one trajectory). The summary adds
+the mean of the per-round differences (faulted minus undisturbed, rounds
+where both jobs finished) and its standard error (sample SD /
+sqrt(pairs)). ``--seeds fixed`` is the earlier method: seed 0 in every
+run.
 
 Usage::
 
     python benchmarks/fault_accuracy.py [--modes async,ssp,bsp,sync_replicas] [--faults ps,chief,worker,stop]
-        [--rounds 5] [--evaluate final|own-fit] [--seeds paired|fixed] [--out FILE]
+        [--rounds 5] [--evaluate final|own-fit] [--seeds paired|fixed] [--first-seed 0] [--out FILE]
 
 Prints one JSON document (``modes[mode][fault]``: the summary; ``runs``:
 every run; a run whose job did not finish has ``error`` and is left out of
@@ -74,11 +75,13 @@ both jobs finished: round, seed, faulted minus undisturbed in points),
 ``paired_standard_error_points`` (None with fewer than 2 pairs),
 ``within_1_point_paired``. Each run has ``seed``, ``evaluated``
 (``after_barrier``: the job's final model; ``after_own_fit``: the chief's
-right after its ``fit``), with the barrier ``chief_accuracy_after_own_fit``
-(the chief's model right after its ``fit``, before the barrier: what the
-earlier method measured) and, where worker 1 wrote one,
-``worker1_accuracy``. The document has ``evaluate`` and ``seeds`` (absent
-in documents of the earlier method: ``own-fit`` and ``fixed``). About
+right after its ``fit``), ``global_step``, ``chief_steps`` and
+``worker_batches`` (ps:0's, once the chief is done), with the barrier
+``chief_accuracy_after_own_fit`` (the chief's model right after its
+``fit``, before the barrier: what the earlier method measured) and, where
+worker 1 wrote one, ``worker1_accuracy``. The document has ``evaluate``,
+``seeds`` and ``first_seed`` (absent in documents of the earlier method:
+``own-fit``, ``fixed``, 0). About
 5-35 s per run on 2 cores with ``TFDIST_FAST_START=1`` (5 rounds x 2 runs:
 1-3 minutes per mode and fault).
 """
@@ -249,7 +252,8 @@ def main() -> int:
                    help="final: the job's final model, once every live worker finished fit (default); "
                         "own-fit: the chief's model right after its own fit (the earlier method)")
     p.add_argument("--seeds", choices=("paired", "fixed"), default="paired",
-                   help="paired: round r runs both its jobs with seed r (default); fixed: seed 0 everywhere")
+                   help="paired: round r runs both its jobs with seed first-seed + r (default); fixed: seed 0 everywhere")
+    p.add_argument("--first-seed", type=int, default=0, help="the seed of round 0 with --seeds paired")
     p.add_argument("--out")
     args = p.parse_args()
     modes, fault_names = _names(args.modes, MODES, "--modes", p), _names(args.faults, FAULTS, "--faults", p)
@@ -258,7 +262,7 @@ def main() -> int:
               "command": "python benchmarks/fault_accuracy.py " + " ".join(sys.argv[1:]),
               "job": f"2 PS, 2 workers, MLP on digits, {STEPS} steps per worker; SSP staleness 3; SyncReplicas M=1 "
                      "(M=2 with a stopped worker); the undisturbed runs have the faulted runs' config",
-              "evaluate": args.evaluate, "seeds": args.seeds,
+              "evaluate": args.evaluate, "seeds": args.seeds, "first_seed": args.first_seed,
               "faults": {f: FAULTS[f][0] for f in fault_names}, "load_avg_at_start": os.getloadavg(),
               "log_dir": log_dir, "modes": {}, "runs": []}
     for mode in modes:
@@ -267,7 +271,7 @@ def main() -> int:
             base, faulted = [], []
             for r in range(args.rounds):
                 for with_fault in ((False, True) if r % 2 == 0 else (True, False)):  # interleaved
-                    seed = r if args.seeds == "paired" else 0
+                    seed = args.first_seed + r if args.seeds == "paired" else 0
                     try:
                         run = run_job(mode, fault, with_fault, log_dir, seed=seed, evaluate=args.evaluate)
                     except Exception as e:  # the job did not finish: reported, left out of the means
