@@ -252,7 +252,8 @@ def main() -> int:
                    help="final: the job's final model, once every live worker finished fit (default); "
                         "own-fit: the chief's model right after its own fit (the earlier method)")
     p.add_argument("--seeds", choices=("paired", "fixed"), default="paired",
-                   help="paired: round r runs both its jobs with seed first-seed + r (default); fixed: seed 0 everywhere")
+                   help="paired: round r runs both its jobs with seed first-seed + r (default); "
+                        "fixed: seed 0 everywhere")
     p.add_argument("--first-seed", type=int, default=0, help="the seed of round 0 with --seeds paired")
     p.add_argument("--out")
     args = p.parse_args()
