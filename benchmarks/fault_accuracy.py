@@ -5,8 +5,9 @@ One run of the fault-matrix job (``tests/integration/test_ps_durability.py``:
 another undisturbed run by up to ~2 points, so a single comparison cannot
 show a 1-point bound. This script runs the job ``--rounds`` times
 undisturbed and ``--rounds`` times with a fault, interleaved, per mode and
-fault, and reports the chief's final test accuracy: every value, the means,
-their difference and its standard error. The faults are those of the test
+fault, and reports the final test accuracy of the job: every value, the
+means, their difference and its standard error, and the paired differences
+(below). The faults are those of the test
 (injected by the same code, ``tests/integration/scripts/durability_faults.py``);
 the undisturbed job has the faulted job's config and M:
 
@@ -30,16 +31,59 @@ the undisturbed job has the faulted job's config and M:
 SyncReplicas aggregates M=1 of the 2 workers, M=2 with a stopped worker (as
 the test). SSP has staleness 3.
 
+What is measured (``--evaluate final``, the default): the test accuracy of
+the job's final model, which every worker pulls once every worker that is
+still part of the job finished ``fit`` (``durability_worker.py --barrier``):
+a worker that was stopped, or a job whose workers finish at different
+times, trains after the chief's own ``fit`` ended, so the chief's accuracy
+right after its ``fit`` can be a model mid-training. The one exception is
+the faulted run of ``worker``: worker 1 is dead and never arrives at the
+barrier, and the chief is the last to train, so that run evaluates right
+after the chief's ``fit`` (no barrier; its undisturbed partner has the
+barrier). ``--evaluate own-fit`` is the earlier method: the chief evaluates
+right after its own ``fit``, whatever the other worker still trains.
+
+Seeds (``--seeds paired``, the default): round r runs both its undisturbed
+and its faulted job with ``durability_worker.py --seed F+r`` (F:
+``--first-seed``, default 0; the seed sets the model's initial values and
+the workers' shuffle orders), so each round is a pair of jobs that differ
+by the fault only, and the rounds sample different trajectories
+(undisturbed BSP and SyncReplicas with M=2 are deterministic: with one
+seed every undisturbed run is the same one trajectory). The summary adds
+the mean of the per-round differences (faulted minus undisturbed, rounds
+where both jobs finished) and its standard error (sample SD /
+sqrt(pairs)). ``--seeds fixed`` is the earlier method: seed 0 in every
+run.
+
 Usage::
 
     python benchmarks/fault_accuracy.py [--modes async,ssp,bsp,sync_replicas] [--faults ps,chief,worker,stop]
-        [--rounds 5] [--out FILE]
+        [--rounds 5] [--evaluate final|own-fit] [--seeds paired|fixed] [--first-seed 0] [--out FILE]
 
 Prints one JSON document (``modes[mode][fault]``: the summary; ``runs``:
 every run; a run whose job did not finish has ``error`` and is left out of
-the means); ``--out`` is rewritten after every run. About 5-15 s per run
-on 2 cores with ``TFDIST_FAST_START=1`` (5 rounds x 2 runs: 1-2 minutes
-per mode and fault).
+the means); ``--out`` is rewritten after every run. The summary's fields:
+``undisturbed`` and the faulted side's accuracies (``ps_killed``,
+``chief_killed``, ``worker_killed``, ``worker_stopped``), their means and
+population SDs, ``mean_difference_points`` and ``standard_error_points``
+(unpaired: difference of the means, SE from both sides' sample variances),
+``within_1_point`` (of that difference), ``failed_runs``; added with the
+paired seeds (every field before is still there): ``seeds`` (per side,
+the seed of each accuracy), ``paired_differences_points`` (per round with
+both jobs finished: round, seed, faulted minus undisturbed in points),
+``pairs``, ``mean_paired_difference_points``,
+``paired_standard_error_points`` (None with fewer than 2 pairs),
+``within_1_point_paired``. Each run has ``seed``, ``evaluated``
+(``after_barrier``: the job's final model; ``after_own_fit``: the chief's
+right after its ``fit``), ``global_step``, ``chief_steps`` and
+``worker_batches`` (ps:0's, once the chief is done), with the barrier
+``chief_accuracy_after_own_fit`` (the chief's model right after its
+``fit``, before the barrier: what the earlier method measured) and, where
+worker 1 wrote one, ``worker1_accuracy``. The document has ``evaluate``,
+``seeds`` and ``first_seed`` (absent in documents of the earlier method:
+``own-fit``, ``fixed``, 0). About
+5-35 s per run on 2 cores with ``TFDIST_FAST_START=1`` (5 rounds x 2 runs:
+1-3 minutes per mode and fault).
 """
 
 from __future__ import annotations
@@ -97,15 +141,29 @@ def _fault_args(fault: str) -> list[str]:
     return ["--pause-at", str(PAUSE_AT), "--pause-worker", "1"]  # worker, stop
 
 
-def run_job(mode: str, fault: str, faulted: bool, log_dir: str) -> dict:
-    """One run of the job in ``mode`` with ``fault`` (``faulted``) or without; what the chief ended with."""
+def uses_barrier(fault: str, faulted: bool, evaluate: str) -> bool:
+    """Whether the run evaluates the job's final model at ``--barrier`` (not the killed worker's run: below)."""
+    # worker 1 SIGKILLed never arrives at the barrier; the chief is the last to train, its fit ends the job
+    return evaluate == "final" and not (faulted and fault == "worker")
+
+
+def run_job(mode: str, fault: str, faulted: bool, log_dir: str, seed: int = 0, evaluate: str = "final") -> dict:
+    """One run of the job in ``mode`` with ``fault`` (``faulted``) or without; the job's final accuracy.
+
+    ``evaluate``: ``final`` (every worker evaluates once all live workers finished ``fit``, see
+    ``uses_barrier``) or ``own-fit`` (the chief evaluates right after its own ``fit``). ``seed``:
+    ``durability_worker.py --seed``.
+    """
     from tfdist.testing import LocalCluster
 
-    work = tempfile.mkdtemp(prefix=f"{mode}-{fault}-{'fault' if faulted else 'base'}-", dir=log_dir)
+    work = tempfile.mkdtemp(prefix=f"{mode}-{fault}-{'fault' if faulted else 'base'}-s{seed}-", dir=log_dir)
     out = os.path.join(work, "out")
     os.makedirs(out)
     m = faults.sync_replicas_m(mode, fault)
-    args = ["--out", out, "--mode", mode, "--m", str(m), "--steps", str(STEPS)]
+    barrier = uses_barrier(fault, faulted, evaluate)
+    args = ["--out", out, "--mode", mode, "--m", str(m), "--steps", str(STEPS), "--seed", str(seed)]
+    if barrier:
+        args.append("--barrier")
     if faulted:
         args += _fault_args(fault)
     seen: dict = {}
@@ -123,9 +181,14 @@ def run_job(mode: str, fault: str, faulted: bool, log_dir: str) -> dict:
         failed = [str(t) for t in cluster.job.failed_workers]
     chief = json.load(open(os.path.join(out, "worker-0.json")))
     run = {"accuracy": chief["accuracy"], "m": m, "restarts": restarts, "recoveries": chief["recoveries"],
-           "wall_s": round(time.monotonic() - start, 1)}
+           "wall_s": round(time.monotonic() - start, 1), "seed": seed,
+           "evaluated": "after_barrier" if barrier else "after_own_fit",
+           "global_step": chief["ps_status"][0]["global_step"], "chief_steps": chief["steps"],
+           "worker_batches": chief["ps_status"][0]["worker_batches"]}
+    if chief.get("accuracy_after_own_fit") is not None:  # with the barrier: the chief's model right after its fit
+        run["chief_accuracy_after_own_fit"] = chief["accuracy_after_own_fit"]
     other = os.path.join(out, "worker-1.json")
-    if os.path.exists(other):  # worker 1's accuracy after its own fit (a stopped worker finishes after the chief)
+    if os.path.exists(other):  # worker 1's accuracy (without the barrier: after its own fit, maybe after the chief)
         run["worker1_accuracy"] = json.load(open(other))["accuracy"]
     if fault == "ps":
         run["restored_from"] = chief["ps_status"][1]["restored_from"]
@@ -139,16 +202,37 @@ def run_job(mode: str, fault: str, faulted: bool, log_dir: str) -> dict:
     return run
 
 
-def summarise(base: list[float], faulted: list[float], label: str) -> dict:
-    """The accuracies of both sides (``label``: the faulted side's key), means, SDs, difference ± SE in points."""
+def summarise(base: list[float], faulted: list[float], label: str, runs: list[dict] | None = None) -> dict:
+    """The accuracies of both sides (``label``: the faulted side's key), means, SDs, difference ± SE in points.
+
+    With ``runs`` (this mode and fault's runs, each with ``round``, ``seed``, ``fault``, ``accuracy``):
+    the paired fields too, one pair per round whose two jobs finished.
+    """
     diff = statistics.mean(faulted) - statistics.mean(base)
     se = math.sqrt(statistics.variance(base) / len(base) + statistics.variance(faulted) / len(faulted)) \
         if len(base) > 1 and len(faulted) > 1 else None
-    return {"undisturbed": base, label: faulted,
-            "mean_undisturbed": statistics.mean(base), f"mean_{label}": statistics.mean(faulted),
-            "sd_undisturbed": statistics.pstdev(base), f"sd_{label}": statistics.pstdev(faulted),
-            "mean_difference_points": 100 * diff, "standard_error_points": None if se is None else 100 * se,
-            "within_1_point": abs(100 * diff) <= 1.0}
+    summary = {"undisturbed": base, label: faulted,
+               "mean_undisturbed": statistics.mean(base), f"mean_{label}": statistics.mean(faulted),
+               "sd_undisturbed": statistics.pstdev(base), f"sd_{label}": statistics.pstdev(faulted),
+               "mean_difference_points": 100 * diff, "standard_error_points": None if se is None else 100 * se,
+               "within_1_point": abs(100 * diff) <= 1.0}
+    if runs is None:
+        return summary
+    done = [r for r in runs if r["accuracy"] is not None]
+    summary["seeds"] = {"undisturbed": [r["seed"] for r in done if not r["fault"]],
+                        label: [r["seed"] for r in done if r["fault"]]}
+    pairs = []
+    for rnd in sorted({r["round"] for r in done}):
+        both = {r["fault"]: r for r in done if r["round"] == rnd}
+        if True in both and False in both:
+            pairs.append({"round": rnd, "seed": both[False]["seed"],
+                          "difference_points": 100 * (both[True]["accuracy"] - both[False]["accuracy"])})
+    d = [p["difference_points"] for p in pairs]
+    summary.update(paired_differences_points=pairs, pairs=len(pairs),
+                   mean_paired_difference_points=statistics.mean(d) if d else None,
+                   paired_standard_error_points=statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else None,
+                   within_1_point_paired=abs(statistics.mean(d)) <= 1.0 if d else None)
+    return summary
 
 
 def _names(text: str, known, flag: str, parser) -> list[str]:
@@ -164,6 +248,13 @@ def main() -> int:
     p.add_argument("--modes", default="async,ssp", help=f"comma-separated, of {','.join(MODES)}")
     p.add_argument("--faults", default="ps", help=f"comma-separated, of {','.join(FAULTS)}")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--evaluate", choices=("final", "own-fit"), default="final",
+                   help="final: the job's final model, once every live worker finished fit (default); "
+                        "own-fit: the chief's model right after its own fit (the earlier method)")
+    p.add_argument("--seeds", choices=("paired", "fixed"), default="paired",
+                   help="paired: round r runs both its jobs with seed first-seed + r (default); "
+                        "fixed: seed 0 everywhere")
+    p.add_argument("--first-seed", type=int, default=0, help="the seed of round 0 with --seeds paired")
     p.add_argument("--out")
     args = p.parse_args()
     modes, fault_names = _names(args.modes, MODES, "--modes", p), _names(args.faults, FAULTS, "--faults", p)
@@ -172,6 +263,7 @@ def main() -> int:
               "command": "python benchmarks/fault_accuracy.py " + " ".join(sys.argv[1:]),
               "job": f"2 PS, 2 workers, MLP on digits, {STEPS} steps per worker; SSP staleness 3; SyncReplicas M=1 "
                      "(M=2 with a stopped worker); the undisturbed runs have the faulted runs' config",
+              "evaluate": args.evaluate, "seeds": args.seeds, "first_seed": args.first_seed,
               "faults": {f: FAULTS[f][0] for f in fault_names}, "load_avg_at_start": os.getloadavg(),
               "log_dir": log_dir, "modes": {}, "runs": []}
     for mode in modes:
@@ -180,24 +272,25 @@ def main() -> int:
             base, faulted = [], []
             for r in range(args.rounds):
                 for with_fault in ((False, True) if r % 2 == 0 else (True, False)):  # interleaved
+                    seed = args.first_seed + r if args.seeds == "paired" else 0
                     try:
-                        run = run_job(mode, fault, with_fault, log_dir)
+                        run = run_job(mode, fault, with_fault, log_dir, seed=seed, evaluate=args.evaluate)
                     except Exception as e:  # the job did not finish: reported, left out of the means
                         error = f"{type(e).__name__}: {e}"
-                        run = {"accuracy": None, "error": error if len(error) <= 3000 else
+                        run = {"accuracy": None, "seed": seed, "error": error if len(error) <= 3000 else
                                f"{error[:500]} [...] {error[-2500:]}"}
                     run.update(mode=mode, fault=with_fault, fault_name=fault, round=r)
                     result["runs"].append(run)
                     if run["accuracy"] is not None:
                         (faulted if with_fault else base).append(run["accuracy"])
                     what = label.replace("_", " ") if with_fault else "undisturbed"
-                    print(f"[fault_accuracy] {mode} {fault} round {r} {what}: "
+                    print(f"[fault_accuracy] {mode} {fault} round {r} seed {seed} {what}: "
                           + (f"{run['accuracy']:.4f} ({run['wall_s']} s)" if run["accuracy"] is not None
                              else run["error"][:300]), file=sys.stderr, flush=True)
                     if base and faulted:  # so far (the file holds every finished run if the script is stopped)
-                        summary = summarise(base, faulted, label)
-                        summary["failed_runs"] = sum(1 for x in result["runs"] if x["mode"] == mode and
-                                                     x["fault_name"] == fault and x["accuracy"] is None)
+                        these = [x for x in result["runs"] if x["mode"] == mode and x["fault_name"] == fault]
+                        summary = summarise(base, faulted, label, these)
+                        summary["failed_runs"] = sum(1 for x in these if x["accuracy"] is None)
                         result["modes"].setdefault(mode, {})[fault] = summary
                     _write(result, args.out)
     print(json.dumps(result, indent=2))

@@ -63,7 +63,8 @@ def stop_worker1(cluster, out, mode):
     made 10 steps without it: global steps on the gradient path (BSP,
     SyncReplicas); under SSP, which counts none, the chief's batches ps:0
     applied. Async counts none either and nobody waits for worker 1: there
-    it is let go once the chief is done. Returns what was seen:
+    it is let go once the chief is done (exited, or finished ``fit`` and
+    waiting at ``--barrier`` for worker 1). Returns what was seen:
     ``stopped_s`` (how long it was stopped), ``dead_after_s`` (from the stop
     until ps:0 gave up on it), ``step_when_dead``, ``steps_without_it`` (in
     the unit above; 0 under async) and ``batches_of_1`` (worker 1's batches
@@ -90,8 +91,8 @@ def stop_worker1(cluster, out, mode):
         deadline = time.monotonic() + 60
         while progress(ps_status(cluster, 0)) < first + 10:  # the chief trains without it
             code = cluster.process("worker:0").poll()
-            if code == 0 and mode == "async":  # nobody waits for worker 1: the chief may be done already
-                break
+            if mode == "async" and (code == 0 or os.path.exists(os.path.join(out, "trained-0"))):
+                break  # nobody waits for worker 1: the chief may be done already (or done and at --barrier)
             if code is not None:
                 raise RuntimeError(f"the chief exited {code}:\n{cluster.log('worker:0')[-3000:]}")
             if time.monotonic() > deadline:

@@ -12,10 +12,14 @@ Usage: durability_worker.py --out DIR --mode async|ssp|bsp|sync_replicas [--m M]
                         launcher restarts it and the new process trains to the end)
        [--barrier]      every worker evaluates only once all workers finished ``fit`` (a file barrier,
                         bounded): each measures the job's final model, not the one mid-training
+       [--seed S]       the model's initial values (``keras.utils.set_random_seed(S)``) and worker W's
+                        shuffle seed (``1000 * S + W``); the default 0 is the fixed seeds of before
 
 Writes ``worker-<id>.json``: steps done, the wall-clock time at the end of
-every step, the final test accuracy of this worker's model (after a pull),
-the session's recovery count and the PS status after fit.
+every step, the final test accuracy of this worker's model (after a pull;
+with ``--barrier`` also ``accuracy_after_own_fit``, pulled and evaluated
+right after this worker's ``fit``, before the barrier), the session's
+recovery count and the PS status after fit.
 """
 
 import argparse
@@ -116,6 +120,7 @@ def main():
     p.add_argument("--crash-chief-at", type=int, help="the chief SIGKILLs itself after this step (once)")
     p.add_argument("--pause-worker", type=int, default=0, help="the worker that pauses at --pause-at")
     p.add_argument("--barrier", action="store_true", help="evaluate once every worker finished fit")
+    p.add_argument("--seed", type=int, default=0, help="init seed; worker W shuffles with 1000 * seed + W")
     p.add_argument("--ballast-mb", type=float, default=0.0, help="an unused variable of this size on ps:1")
     args = p.parse_args()
 
@@ -132,8 +137,8 @@ def main():
         return evaluate_while_training(strategy, args.out)
     data = load_digits()
     x, y = data.x_train.reshape(-1, 64)[me::n], data.y_train[me::n]
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512, seed=me).repeat().batch(32)
-    keras.utils.set_random_seed(0)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512, seed=1000 * args.seed + me).repeat().batch(32)
+    keras.utils.set_random_seed(args.seed)
     with strategy.scope():
         ballast = [Ballast(int(args.ballast_mb * 2 ** 20) // 4)] if args.ballast_mb else []
         model = keras.Sequential([keras.Input((64,)), *ballast, keras.layers.Dense(32, activation="relu"),
@@ -145,16 +150,21 @@ def main():
                   args.crash_chief_at if me == 0 else None, hold_at=others_hold)
     model.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=2,
               callbacks=[pause, tfdist.callbacks.LeaveOnTrainEnd()])
+    own_fit = None
     if args.barrier:  # the others may still train (a restarted chief trains its steps again)
+        strategy.pull()  # the job's model right after this worker's fit (what it evaluated without --barrier)
+        _, own_fit = model.evaluate(data.x_test.reshape(-1, 64), data.y_test, verbose=0)
         wait_for_all(args.out, "trained", me, n, timeout=180)
     strategy.pull()
     _, accuracy = model.evaluate(data.x_test.reshape(-1, 64), data.y_test, verbose=0)
     runtime = strategy.extended._runtime
     result = {
         "worker_id": me,
+        "seed": args.seed,
         "steps": pause.steps,
         "step_ends": pause.step_ends,
         "accuracy": float(accuracy),
+        "accuracy_after_own_fit": None if own_fit is None else float(own_fit),  # --barrier: before it
         "recoveries": runtime.session.stats["recoveries"],
         "lone_worker": bool(runtime.local_only() and getattr(runtime, "lone_worker", False)),
         "ps_status": [{k: st.get(k) for k in ("incarnation", "restored_from", "progress", "global_step",
