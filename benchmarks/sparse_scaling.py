@@ -150,6 +150,9 @@ def run_one(config: str, rows: int, warmup: int, steps: int, children: _common.C
         config_.ps.max_message_bytes = max(config_.ps.max_message_bytes,
                                            min(rows * DIM * 4 + 64 * 2**20, MAX_GRPC_MESSAGE_BYTES))
         config_.launch.max_restarts = 0  # a failed run is reported, not retried
+        # the exchange every step that a job with several workers makes (a lone worker would send its steps
+        # in the background every strategy.lone_worker_exchange_s instead)
+        config_.strategy.lone_worker_exchange_s = 0
         with LocalCluster(workers=1, ps=1, config=config_, log_dir=task_logs) as cluster:
             cluster.start(WORKER, argv)
             cluster.wait(timeout)
