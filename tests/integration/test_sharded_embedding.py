@@ -83,6 +83,68 @@ def test_a_ps_resident_table_trains_like_a_local_embedding(make_optimizer):
         strategy.shutdown()
 
 
+def _wide_and_deep(deep, wide):
+    keras.utils.set_random_seed(1)
+    inp = keras.Input((LEN,), dtype="int64")
+    x = keras.layers.Concatenate()([keras.layers.GlobalAveragePooling1D()(deep(inp)),
+                                    keras.layers.GlobalAveragePooling1D()(wide(inp))])
+    return keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(x))
+
+
+def test_tables_looked_up_by_the_same_ids_share_one_request_and_train_as_before(monkeypatch):
+    """A wide and a deep table of the same ids: after the first step, one lookup request reads both."""
+    ids, y = _data()
+
+    class Wide(DenseGradientEmbedding):
+        def build(self, input_shape):
+            self.embeddings = self.add_weight(shape=(VOCAB, 1), initializer="zeros", name="embeddings")
+
+    keras.backend.clear_session()
+    plain = _wide_and_deep(DenseGradientEmbedding(), Wide())
+    plain.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy")
+    plain.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+
+    keras.backend.clear_session()
+    strategy = tfdist.ParameterServerStrategy()
+    runtime = strategy._runtime
+    requests = []
+    try:
+        with strategy.scope():
+            deep = tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="deep")
+            wide = tfdist.layers.ShardedEmbedding(VOCAB, 1, embeddings_initializer="zeros", name="wide")
+            model = _wide_and_deep(deep, wide)
+            model.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy")
+        session = runtime.ensure_session()
+        original = session.lookup_tables
+        monkeypatch.setattr(session, "lookup_tables",
+                            lambda keys, *a, **k: (requests.append(list(keys)), original(keys, *a, **k))[1])
+        model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        # the first step asks for each table; every later step reads both with one request
+        first, second = requests[0], requests[1]  # in the order the model reads them
+        assert sorted(first + second) == sorted([deep._table_key, wide._table_key]), requests[:4]
+        assert requests[2:] == [first + second] * (STEPS - 1), requests[:6]
+        np.testing.assert_allclose(model.predict(ids[:32], verbose=0), plain.predict(ids[:32], verbose=0),
+                                   rtol=1e-4, atol=1e-6)
+        for layer, reference in ((deep, plain.layers[1]), (wide, plain.layers[2])):
+            table = runtime.read_rows(layer._table_key, np.arange(VOCAB, dtype=np.int64))
+            np.testing.assert_allclose(table, reference.embeddings.numpy(), rtol=1e-4, atol=1e-6)
+        # a step where the second table's ids differ: it asks for its own rows; the companionship is forgotten,
+        # and learnt again at the next step with the same ids (rows read ahead never outlive their step)
+        x, z = np.arange(5, dtype=np.int64), np.arange(5, 10, dtype=np.int64)
+        expected = runtime.read_rows(second[0], z)
+        requests.clear()
+        runtime._new_step_for_lookups()
+        runtime.lookup_rows(first[0], x)
+        np.testing.assert_array_equal(runtime.lookup_rows(second[0], z), expected)
+        runtime._new_step_for_lookups()
+        runtime.lookup_rows(first[0], x)
+        runtime.lookup_rows(second[0], x)
+        assert requests == [first + second, second, first, second], requests
+        assert runtime._companions == {first[0]: second}
+    finally:
+        strategy.shutdown()
+
+
 def test_outside_a_strategy_it_is_an_ordinary_embedding():
     keras.backend.clear_session()
     layer = tfdist.layers.ShardedEmbedding(VOCAB, DIM)

@@ -122,6 +122,7 @@ TYPED = {
     "at_step": st.integers(0, 4), "incarnation": st.integers(0, 3),
     "key": st.sampled_from(["t", "a", "zzz"]), "learning_rate": st.floats(0, 1),
     "sparse": st.lists(st.sampled_from(["a", "b", "zzz"]), unique=True, max_size=2),
+    "also": st.lists(st.sampled_from(["t", "a", "zzz"]), max_size=3),
     "tables": st.one_of(st.just(TABLES), st.just([]), st.just([{**TABLES[0], "dim": 3}]),
                         st.just([{**TABLES[0], "shard": 2}]), st.just(TABLES + TABLES)),
 }
@@ -130,7 +131,7 @@ MALFORMED = {
     "worker": worker_id, "clock": count, "step": count, "steps": count, "loss": garbage, "keys": key_list,
     "base_version": count, "min_state_step": count, "timeout_s": garbage, "specs": spec_list,
     "policy": policy_spec, "num_workers": count, "nonfinite": garbage, "excluded": id_list, "drain": id_list,
-    "undrain": id_list, "gone": id_list, "total_batches": count, "brief": garbage, "reset": garbage, "at_step": count, "incarnation": count, "sparse": key_list,
+    "undrain": id_list, "gone": id_list, "total_batches": count, "brief": garbage, "reset": garbage, "at_step": count, "incarnation": count, "sparse": key_list, "also": key_list,
     "key": garbage, "learning_rate": garbage, "tables": garbage,
 }
 METHOD_FIELDS = {
@@ -143,7 +144,7 @@ METHOD_FIELDS = {
     "SetExcluded": ["worker", "excluded"], "Heartbeat": ["worker"], "Status": ["brief"], "Done": ["worker"],
     "Shutdown": ["worker"], "Leave": ["worker"], "Control": ["drain", "undrain", "gone", "total_batches"],
     "Checkpoint": ["worker", "at_step"], "Restore": ["worker", "step"],
-    "Lookup": ["worker", "key", "clock"],
+    "Lookup": ["worker", "key", "clock", "also"],
     "PushRows": ["worker", "key", "learning_rate", "step", "incarnation"],
     "WriteRows": ["worker", "key", "incarnation"],
 }

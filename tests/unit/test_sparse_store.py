@@ -47,6 +47,27 @@ def test_lookup_and_row_updates_on_the_update_path():
     np.testing.assert_allclose(lookup(svc, 1), [[-0.1, -0.1]])
 
 
+WIDE = {**TABLE, "key": "wide", "rows": 6, "dim": 1}  # shard 1 of 3: rows 1, 4 (2 rows)
+
+
+def test_one_lookup_reads_several_tables_at_the_same_rows():
+    store, svc = make(AsyncPolicy(), tables=(TABLE, WIDE))
+    svc.call("PushRows", {"rows": rows(1), "grads": np.ones((1, 1), np.float32)}, worker=0, key="wide")
+    meta, tensors = svc.call("Lookup", {"rows": rows(1, 0, 1)}, worker=0, key="emb", also=["wide"])
+    assert set(tensors) == {"values", "values.1"}
+    np.testing.assert_array_equal(tensors["values"], np.zeros((3, 2)))
+    np.testing.assert_array_equal(tensors["values.1"], [[-0.5], [0.0], [-0.5]])
+    pulls = store.stats["pulls"]
+    # every table is checked before any is read: a row outside the smaller table refuses the whole request
+    for also, r, code in ((["wide"], rows(0, 2), "OUT_OF_RANGE"), (["nope"], rows(0), "NOT_FOUND"),
+                          (["wide", "wide"], rows(0), "INVALID_ARGUMENT"), (["emb"], rows(0), "INVALID_ARGUMENT"),
+                          ("wide", rows(0), "INVALID_ARGUMENT")):
+        with pytest.raises(RequestError) as e:
+            svc.call("Lookup", {"rows": r}, worker=0, key="emb", also=also)
+        assert e.value.grpc_code == code, (also, e.value)
+    assert store.stats["pulls"] == pulls
+
+
 @pytest.mark.parametrize("method, tensors, meta, match, code", [
     ("Lookup", {"rows": rows(0, 3)}, {"key": "emb"}, "outside", "OUT_OF_RANGE"),
     ("Lookup", {"rows": rows(-1)}, {"key": "emb"}, "outside", "OUT_OF_RANGE"),

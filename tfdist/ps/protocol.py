@@ -70,6 +70,8 @@ MAX_WORKER_ID = 2**31 - 1
 MAX_COUNT = 2**53
 #: Longest variable key.
 MAX_KEY_CHARS = 512
+#: Tables one ``Lookup`` may read at the same rows (``also``).
+MAX_LOOKUP_TABLES = 64
 #: Most variables (or worker ids) one request may name.
 MAX_ITEMS = 1_000_000
 #: Longest wait a request may ask for, in seconds (the server bounds it further).
@@ -698,27 +700,45 @@ class LookupRequest:
 
     ``clock`` (update path): the step the worker is about to start, as for a
     ``Pull`` (SSP may make it wait). ``worker`` -1: an evaluator's read.
+    ``also``: more tables read at the same rows in the same request (a wide
+    and a deep table looked up by the same ids), distinct, not ``key``.
     Reply: ``version``; tensor ``values`` (one row per requested index, in
-    order).
+    order) and ``values.<i>`` for ``also[i - 1]``.
     """
 
     worker: int
     key: str
     rows: np.ndarray = field(repr=False)
     clock: int | None = None
+    also: tuple[str, ...] = ()
 
     def to_wire(self):
         meta: dict[str, Any] = {"worker": self.worker, "key": self.key}
         if self.clock is not None:
             meta["clock"] = self.clock
+        if self.also:
+            meta["also"] = list(self.also)
         return meta, {"rows": self.rows}
 
     @classmethod
     def parse(cls, f: _Fields, tensors):
         if set(tensors) != {"rows"}:
             raise ProtocolError(f"Lookup: exactly one tensor, `rows`. Received: {short(sorted(tensors))}.")
-        return cls(f.worker(allow_reader=True), _check_key("Lookup", f.get("key")), _row_ids("Lookup", tensors),
-                   f.int("clock", 0, MAX_COUNT, None))
+        key = _check_key("Lookup", f.get("key"))
+        also = f.get("also", [])
+        if not isinstance(also, list) or len(also) > MAX_LOOKUP_TABLES:
+            raise ProtocolError(f"Lookup: `also` is a list of at most {MAX_LOOKUP_TABLES} table keys. "
+                                f"Received: {short(also)}.")
+        also = tuple(_check_key("Lookup", k) for k in also)
+        if len(set(also)) != len(also) or key in also:
+            raise ProtocolError(f"Lookup: a table is named twice (`key` {short(key)}, `also` {short(list(also))}).")
+        return cls(f.worker(allow_reader=True), key, _row_ids("Lookup", tensors),
+                   f.int("clock", 0, MAX_COUNT, None), also)
+
+    @staticmethod
+    def values_name(i: int) -> str:
+        """The reply tensor of the ``i``-th table read (0: ``key``; ``i``: ``also[i - 1]``)."""
+        return "values" if i == 0 else f"values.{i}"
 
 
 @dataclass(frozen=True)

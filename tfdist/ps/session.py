@@ -178,16 +178,22 @@ class WorkerSession:
     # ------------------------------------------------------------- tables
     def lookup_rows(self, key: str, ids: np.ndarray, as_reader: bool = False) -> np.ndarray:
         """Rows ``ids`` (unique global ids, int64) of PS-resident table ``key``: one request per PS task holding any."""
-        spec = self.tables[key]
+        return self.lookup_tables([key], ids, as_reader)[key]
+
+    def lookup_tables(self, keys: Sequence[str], ids: np.ndarray, as_reader: bool = False) -> dict[str, np.ndarray]:
+        """Rows ``ids`` of several tables at once (tables looked up by the same ids): one request per PS task."""
         shard, local = shard_of(ids, self.plan.num_ps)
         worker = -1 if as_reader else self.worker_id
         clock = None if as_reader else self._lookup_clock()
-        requests = {ps: LookupRequest(worker, key, local[shard == ps], clock)
+        first, also = keys[0], tuple(keys[1:])
+        requests = {ps: LookupRequest(worker, first, local[shard == ps], clock, also)
                     for ps in range(self.plan.num_ps) if (shard == ps).any()}
-        out = np.empty((len(ids), spec.dim), np.float32)
+        out = {key: np.empty((len(ids), self.tables[key].dim), np.float32) for key in keys}
         for ps, (_, tensors) in self._request_many(requests).items():
-            out[shard == ps] = tensors["values"]
-        self.stats["rows_pulled"] += len(ids)
+            mine = shard == ps
+            for i, key in enumerate(keys):
+                out[key][mine] = tensors[LookupRequest.values_name(i)]
+        self.stats["rows_pulled"] += len(ids) * len(keys)
         return out
 
     def push_rows(self, key: str, ids: np.ndarray, grads: np.ndarray, learning_rate: float | None) -> None:

@@ -684,20 +684,24 @@ class ParameterStore:
 
     def lookup(self, req: LookupRequest, consumer: Callable[[dict[str, Any], dict[str, np.ndarray]], Any],
                timeout: float | None = None, cancelled: Cancelled = _never) -> Any:
-        """Calls ``consumer(meta, {"values": rows})`` once the rows may be read (update path: SSP's rule)."""
+        """Calls ``consumer(meta, {"values": rows, ...})`` once the rows may be read (update path: SSP's rule).
+
+        Every table the request names (``key`` and ``also``) is checked before any is read.
+        """
         with self._cond:
             self._require_initialized()
             if req.worker >= 0:
                 self._check_member(req.worker)
-            table = self._table(req.key)
-            self._check_rows(table, req.rows)
+            tables = [self._table(key) for key in (req.key, *req.also)]
+            for table in tables:
+                self._check_rows(table, req.rows)
             if self.policy.path == "update" and req.worker >= 0 and req.clock is not None:
                 self._read_wait(req.worker, req.clock, timeout, cancelled)
             self._touch(req.worker)
-            values = table.lookup(req.rows)
+            values = {LookupRequest.values_name(i): table.lookup(req.rows) for i, table in enumerate(tables)}
             self.stats["pulls"] += 1
-            self.stats["bytes_out"] += values.nbytes
-            return consumer({"version": self.version, "incarnation": self.incarnation}, {"values": values})
+            self.stats["bytes_out"] += sum(v.nbytes for v in values.values())
+            return consumer({"version": self.version, "incarnation": self.incarnation}, values)
 
     def push_rows(self, req: PushRowsRequest) -> dict[str, Any]:
         """Row gradients: applied now (update path) or counted towards ``req.step`` (gradient path)."""

@@ -281,6 +281,12 @@ class PSRuntime:
         self._row_pushes: collections.deque = collections.deque()
         self._row_pusher = None
         self._row_push_lock = threading.RLock()
+        #: Table lookups (see :meth:`lookup_rows`): lead table → tables read with it; rows read ahead for this
+        #: step (key → (ids, rows)); the step's last requested lookup (key, ids).
+        self._companions: dict[str, list[str]] = {}
+        self._prefetched: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._last_lookup: tuple[str, np.ndarray] | None = None
+        self._lookup_lock = threading.Lock()
         self.session: WorkerSession | None = None
         self.plan: PlacementPlan | None = None
         self._lock = threading.Lock()
@@ -377,14 +383,64 @@ class PSRuntime:
         return specs
 
     def lookup_rows(self, key: str, ids: np.ndarray) -> np.ndarray:
-        """The rows ``ids`` (unique) of table ``key``, for the step running now (a lost PS task is recovered)."""
+        """The rows ``ids`` (unique) of table ``key``, for the step running now (a lost PS task is recovered).
+
+        Tables looked up by the same ids in one step (a wide and a deep table
+        of the same features) are learnt as companions: from the next step on
+        the first one's request reads the others' rows too (one request per
+        PS task instead of one per table), and their own lookups in that step
+        take those rows if their ids are the same (else they ask, and the
+        companionship is forgotten). Nothing read is kept past its step.
+        """
         session = self.ensure_session()
         as_reader = self._left or self.worker_id < 0 or self.in_warmup
-        try:
-            return session.lookup_rows(key, ids, as_reader=as_reader)
-        except PSUnavailableError as e:
-            self._recover(e, as_reader)
-            return session.lookup_rows(key, ids, as_reader=as_reader)
+        with self._lookup_lock:
+            held = self._prefetched.pop(key, None)
+            if held is not None:
+                if np.array_equal(held[0], ids):
+                    return held[1]
+                self._forget_companion(key)
+            keys = [key, *self._companions.get(key, ())]
+            try:
+                rows = session.lookup_tables(keys, ids, as_reader=as_reader)
+            except PSUnavailableError as e:
+                self._recover(e, as_reader)
+                rows = session.lookup_tables(keys, ids, as_reader=as_reader)
+            for other in keys[1:]:
+                self._prefetched[other] = (ids, rows[other])
+            self._learn_companion(key, ids)
+            return rows[key]
+
+    def _learn_companion(self, key: str, ids: np.ndarray) -> None:
+        """``key`` was just read by a request of its own: a companion of the step's previous lookup if same ids."""
+        last, self._last_lookup = self._last_lookup, (key, ids)
+        if last is None:
+            return
+        lead, lead_ids = last
+        read_with_another = {k for companions in self._companions.values() for k in companions}
+        if lead == key or key in self._companions or key in read_with_another or lead in read_with_another:
+            return
+        if lead_ids.shape != ids.shape or not np.array_equal(lead_ids, ids):
+            return
+        self._companions.setdefault(lead, []).append(key)
+        self._last_lookup = last  # a third table with the same ids joins the same lead
+        logger.info("worker %d: tables %s and %s are looked up by the same ids: one request reads both from now on",
+                    self.worker_id, lead, key)
+
+    def _forget_companion(self, key: str) -> None:
+        for lead, companions in list(self._companions.items()):
+            if key in companions:
+                companions.remove(key)
+                if not companions:
+                    del self._companions[lead]
+
+    def _new_step_for_lookups(self) -> None:
+        """A step begins: rows read ahead for the step before are dropped (unused: that companionship is wrong)."""
+        with self._lookup_lock:
+            for key in list(self._prefetched):
+                self._forget_companion(key)
+            self._prefetched.clear()
+            self._last_lookup = None
 
     def read_rows(self, key: str, ids: np.ndarray) -> np.ndarray:
         """Rows of table ``key`` outside a step (saving, inspection): read as an evaluator reads."""
@@ -567,6 +623,8 @@ class PSRuntime:
 
     def begin_step(self, training: bool) -> None:
         """Runs (in a py_function) before every step: warm-up, joining, pulls, the policy's refresh."""
+        if self._tables:
+            self._new_step_for_lookups()
         if training and self.slowdown is not None:
             self.slowdown.at_step_start()
         self.in_warmup = False
