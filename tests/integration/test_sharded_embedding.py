@@ -373,7 +373,7 @@ def test_async_row_pushes_travel_in_the_background_and_none_is_lost(monkeypatch)
             model = _model(layer)
             model.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy")
         model.fit(ids[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)  # the session exists now
-        push = runtime.session.push_rows
+        push = runtime.session.push_tables
 
         def recording(*args, **kwargs):
             import threading
@@ -381,13 +381,48 @@ def test_async_row_pushes_travel_in_the_background_and_none_is_lost(monkeypatch)
             threads.add(threading.current_thread().name)
             return push(*args, **kwargs)
 
-        monkeypatch.setattr(runtime.session, "push_rows", recording)
+        monkeypatch.setattr(runtime.session, "push_tables", recording)
         model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         assert threads and all(name.startswith("tfdist-row-push") for name in threads), threads
         status = strategy.ps_status()[0]  # waits for the pushes in flight
         assert not runtime._row_pushes
         assert status["tables"][layer._table_key]["updates"] == STEPS + 1  # every step's push applied once
         assert np.abs(layer.table_values()).sum() > 0
+    finally:
+        strategy.shutdown()
+        server.stop(0)
+
+
+def test_tables_read_together_push_together_in_the_background(monkeypatch):
+    """Async in a cluster: a wide and a deep table of the same ids send one PushRows per PS task a step."""
+    from tfdist.ps.server import PSServer
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TFDIST_CONFIG", raising=False)
+    ids, y = _data()
+    server = PSServer(None, token="a-token-123", num_workers=2).start()
+    keras.backend.clear_session()
+    strategy = tfdist.ParameterServerStrategy(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"],
+                                                       "ps": [server.address]}, task="worker:0", token="a-token-123")
+    pushes = []
+    try:
+        runtime = strategy._runtime
+        with strategy.scope():
+            deep = tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="deep")
+            wide = tfdist.layers.ShardedEmbedding(VOCAB, 1, embeddings_initializer="zeros", name="wide")
+            model = _wide_and_deep(deep, wide)
+            model.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy")
+        session = runtime.ensure_session()
+        push = session.push_tables
+        monkeypatch.setattr(session, "push_tables", lambda keys, *a, **k: (pushes.append(list(keys)),
+                                                                           push(keys, *a, **k))[1])
+        model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        status = strategy.ps_status()[0]  # waits for the pushes in flight (and any held one)
+        assert not runtime._row_pushes and not runtime._held_pushes
+        # the first step's lookups already paired the tables (both are read before the backward pass)
+        assert pushes == [pushes[0]] * STEPS and sorted(pushes[0]) == sorted([deep._table_key, wide._table_key])
+        for layer in (deep, wide):  # every step's gradients applied once per table
+            assert status["tables"][layer._table_key]["updates"] == STEPS
     finally:
         strategy.shutdown()
         server.stop(0)

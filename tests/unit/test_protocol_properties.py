@@ -145,7 +145,7 @@ METHOD_FIELDS = {
     "Shutdown": ["worker"], "Leave": ["worker"], "Control": ["drain", "undrain", "gone", "total_batches"],
     "Checkpoint": ["worker", "at_step"], "Restore": ["worker", "step"],
     "Lookup": ["worker", "key", "clock", "also"],
-    "PushRows": ["worker", "key", "learning_rate", "step", "incarnation"],
+    "PushRows": ["worker", "key", "learning_rate", "step", "incarnation", "also"],
     "WriteRows": ["worker", "key", "incarnation"],
 }
 assert set(METHOD_FIELDS) == set(METHODS)

@@ -68,6 +68,32 @@ def test_one_lookup_reads_several_tables_at_the_same_rows():
     assert store.stats["pulls"] == pulls
 
 
+def test_one_push_carries_several_tables_gradients_all_or_nothing():
+    store, svc = make(AsyncPolicy(), tables=(TABLE, WIDE))
+    ones = np.ones((2, 2), np.float32)
+    meta, _ = svc.call("PushRows", {"rows": rows(0, 1), "grads": ones, "grads.1": np.ones((2, 1), np.float32)},
+                       worker=0, key="emb", also=["wide"])
+    assert meta["applied"] and store.stats["row_pushes"] == 2
+    np.testing.assert_array_equal(lookup(svc, 0, 1), [[-0.5, -0.5], [-0.5, -0.5]])
+    emb_before = lookup(svc, 0, 1)
+    wide_before = svc.call("Lookup", {"rows": rows(0, 1)}, worker=0, key="wide")[1]["values"]
+    for tensors, also, code in (
+            ({"rows": rows(0, 1), "grads": ones, "grads.1": np.full((2, 1), np.nan, np.float32)}, ["wide"],
+             "INVALID_ARGUMENT"),  # the second table's part is non-finite: the first is not applied either
+            ({"rows": rows(0, 1), "grads": ones, "grads.1": ones}, ["wide"], "INVALID_ARGUMENT"),  # too wide
+            ({"rows": rows(0, 2), "grads": ones, "grads.1": np.ones((2, 1), np.float32)}, ["wide"],
+             "OUT_OF_RANGE"),  # row 2 is outside the wide table's shard (2 rows)
+            ({"rows": rows(0, 1), "grads": ones}, ["wide"], "INVALID_ARGUMENT"),  # its tensor is missing
+            ({"rows": rows(0, 1), "grads": ones, "grads.1": ones}, ["nope"], "NOT_FOUND")):
+        with pytest.raises(RequestError) as e:
+            svc.call("PushRows", tensors, worker=0, key="emb", also=also)
+        assert e.value.grpc_code == code, (also, e.value)
+    np.testing.assert_array_equal(lookup(svc, 0, 1), emb_before)
+    np.testing.assert_array_equal(svc.call("Lookup", {"rows": rows(0, 1)}, worker=0, key="wide")[1]["values"],
+                                  wide_before)
+    assert store.stats["row_pushes"] == 2
+
+
 @pytest.mark.parametrize("method, tensors, meta, match, code", [
     ("Lookup", {"rows": rows(0, 3)}, {"key": "emb"}, "outside", "OUT_OF_RANGE"),
     ("Lookup", {"rows": rows(-1)}, {"key": "emb"}, "outside", "OUT_OF_RANGE"),

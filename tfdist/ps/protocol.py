@@ -269,6 +269,18 @@ def _row_ids(method: str, tensors: Mapping[str, np.ndarray], name: str = "rows")
     return rows
 
 
+def _also_tables(method: str, f: "_Fields", key: str) -> tuple[str, ...]:
+    """A row request's ``also``: more table keys, distinct and not ``key`` (at most MAX_LOOKUP_TABLES)."""
+    also = f.get("also", [])
+    if not isinstance(also, list) or len(also) > MAX_LOOKUP_TABLES:
+        raise ProtocolError(f"{method}: `also` is a list of at most {MAX_LOOKUP_TABLES} table keys. "
+                            f"Received: {short(also)}.")
+    also = tuple(_check_key(method, k) for k in also)
+    if len(set(also)) != len(also) or key in also:
+        raise ProtocolError(f"{method}: a table is named twice (`key` {short(key)}, `also` {short(list(also))}).")
+    return also
+
+
 def _check_key(method: str, key: Any) -> str:
     if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
         raise ProtocolError(
@@ -725,13 +737,7 @@ class LookupRequest:
         if set(tensors) != {"rows"}:
             raise ProtocolError(f"Lookup: exactly one tensor, `rows`. Received: {short(sorted(tensors))}.")
         key = _check_key("Lookup", f.get("key"))
-        also = f.get("also", [])
-        if not isinstance(also, list) or len(also) > MAX_LOOKUP_TABLES:
-            raise ProtocolError(f"Lookup: `also` is a list of at most {MAX_LOOKUP_TABLES} table keys. "
-                                f"Received: {short(also)}.")
-        also = tuple(_check_key("Lookup", k) for k in also)
-        if len(set(also)) != len(also) or key in also:
-            raise ProtocolError(f"Lookup: a table is named twice (`key` {short(key)}, `also` {short(list(also))}).")
+        also = _also_tables("Lookup", f, key)
         return cls(f.worker(allow_reader=True), key, _row_ids("Lookup", tensors),
                    f.int("clock", 0, MAX_COUNT, None), also)
 
@@ -749,7 +755,9 @@ class PushRowsRequest:
     counted towards global step ``step`` (required) with this worker's dense
     gradient, and applied when that step completes. ``learning_rate``: the
     worker's optimizer's current value (schedules); ``None``: the table's.
-    ``incarnation`` as for ``Push``. Reply: ``applied``, ``dropped``.
+    ``incarnation`` as for ``Push``. ``also``: more tables' gradients at the
+    same rows (tensor ``grads.<i>`` for ``also[i - 1]``), all checked before
+    any is applied. Reply: ``applied``, ``dropped``.
     """
 
     worker: int
@@ -759,25 +767,47 @@ class PushRowsRequest:
     learning_rate: float | None = None
     step: int | None = None
     incarnation: int | None = None
+    also: tuple[str, ...] = ()
+    also_grads: tuple[np.ndarray, ...] = field(default=(), repr=False)
 
     def to_wire(self):
         meta: dict[str, Any] = {"worker": self.worker, "key": self.key}
         for name in ("learning_rate", "step", "incarnation"):
             if getattr(self, name) is not None:
                 meta[name] = getattr(self, name)
-        return meta, {"rows": self.rows, "grads": self.grads}
+        tensors = {"rows": self.rows, "grads": self.grads}
+        if self.also:
+            meta["also"] = list(self.also)
+            tensors.update({self.grads_name(i + 1): g for i, g in enumerate(self.also_grads)})
+        return meta, tensors
+
+    @staticmethod
+    def grads_name(i: int) -> str:
+        """The tensor of the ``i``-th table's gradients (0: ``key``; ``i``: ``also[i - 1]``)."""
+        return "grads" if i == 0 else f"grads.{i}"
+
+    def tables(self) -> list[tuple[str, np.ndarray]]:
+        """(key, gradients) of every table the request names, ``key`` first."""
+        return [(self.key, self.grads), *zip(self.also, self.also_grads)]
 
     @classmethod
     def parse(cls, f: _Fields, tensors):
-        if set(tensors) != {"rows", "grads"}:
-            raise ProtocolError(f"PushRows: exactly two tensors, `rows` and `grads`. Received: {short(sorted(tensors))}.")
-        rows, grads = _row_ids("PushRows", tensors), tensors["grads"]
-        if grads.ndim != 2 or grads.shape[0] != rows.shape[0]:
-            raise ProtocolError(f"PushRows: `grads` must be 2-D with one row per index: {list(grads.shape)} for "
-                                f"{rows.shape[0]} rows.")
-        return cls(f.worker(), _check_key("PushRows", f.get("key")), rows, grads,
+        key = _check_key("PushRows", f.get("key"))
+        also = _also_tables("PushRows", f, key)
+        names = [cls.grads_name(i) for i in range(len(also) + 1)]
+        if set(tensors) != {"rows", *names}:
+            raise ProtocolError(f"PushRows: exactly the tensors `rows` and {', '.join(f'`{n}`' for n in names)}. "
+                                f"Received: {short(sorted(tensors))}.")
+        rows = _row_ids("PushRows", tensors)
+        for name in names:
+            grads = tensors[name]
+            if grads.ndim != 2 or grads.shape[0] != rows.shape[0]:
+                raise ProtocolError(f"PushRows: `{name}` must be 2-D with one row per index: {list(grads.shape)} "
+                                    f"for {rows.shape[0]} rows.")
+        return cls(f.worker(), key, rows, tensors["grads"],
                    f.number("learning_rate", 0.0, 1e6, None), f.int("step", 0, MAX_COUNT, None),
-                   f.int("incarnation", 0, MAX_INCARNATION, None))
+                   f.int("incarnation", 0, MAX_INCARNATION, None), also,
+                   tuple(tensors[name] for name in names[1:]))
 
 
 @dataclass(frozen=True)

@@ -198,14 +198,23 @@ class WorkerSession:
 
     def push_rows(self, key: str, ids: np.ndarray, grads: np.ndarray, learning_rate: float | None) -> None:
         """Row gradients of table ``key`` (``ids`` global, may repeat) to the tasks holding those rows."""
+        self.push_tables([key], ids, [grads], learning_rate)
+
+    def push_tables(self, keys: Sequence[str], ids: np.ndarray, grads: Sequence[np.ndarray],
+                    learning_rate: float | None) -> None:
+        """Row gradients of several tables at the same ``ids`` (one ``grads`` each): one request per PS task."""
         shard, local = shard_of(ids, self.plan.num_ps)
         step = self._row_step()
-        grads = np.ascontiguousarray(grads, np.float32)
-        requests = {ps: PushRowsRequest(self.worker_id, key, local[shard == ps], grads[shard == ps], learning_rate,
-                                        step, self.incarnation[ps])
-                    for ps in range(self.plan.num_ps) if (shard == ps).any()}
+        grads = [np.ascontiguousarray(g, np.float32) for g in grads]
+        requests = {}
+        for ps in range(self.plan.num_ps):
+            mine = shard == ps
+            if mine.any():
+                requests[ps] = PushRowsRequest(self.worker_id, keys[0], local[mine], grads[0][mine], learning_rate,
+                                               step, self.incarnation[ps], tuple(keys[1:]),
+                                               tuple(g[mine] for g in grads[1:]))
         self._request_many(requests)
-        self.stats["rows_pushed"] += len(ids)
+        self.stats["rows_pushed"] += len(ids) * len(keys)
 
     def write_rows(self, key: str, ids: np.ndarray, values: np.ndarray) -> int:
         """Sets rows ``ids`` (distinct global ids) of table ``key`` to ``values`` on the tasks holding them."""

@@ -704,10 +704,13 @@ class ParameterStore:
             return consumer({"version": self.version, "incarnation": self.incarnation}, values)
 
     def push_rows(self, req: PushRowsRequest) -> dict[str, Any]:
-        """Row gradients: applied now (update path) or counted towards ``req.step`` (gradient path)."""
-        self._check_row_array(req, req.grads, "Row gradients of", "row gradient")
+        """Row gradients (of every table the request names): applied now (update path) or counted towards
+        ``req.step`` (gradient path). Every table's part is checked before any is applied."""
+        parts = req.tables()
+        for key, grads in parts:
+            self._check_row_array(req, grads, "Row gradients of", "row gradient", key)
         with self._cond:
-            table = self._row_request_table(req, req.grads, "Row gradients of")
+            tables = [self._row_request_table(req, grads, "Row gradients of", key) for key, grads in parts]
             if self.policy.path == "gradient":
                 if req.step is None:
                     raise StoreError("PushRows on the gradient path names the global step (`step`).")
@@ -718,29 +721,33 @@ class ParameterStore:
                 if req.step < self.global_step:  # that step is over: dropped, like a stale dense gradient
                     self.stats["dropped"] += 1
                     return {"applied": False, "dropped": True}
-                self._sparse_acc.setdefault(req.worker, []).append(
-                    (req.key, np.array(req.rows, copy=True), np.array(req.grads, copy=True), req.learning_rate))
+                for key, grads in parts:
+                    self._sparse_acc.setdefault(req.worker, []).append(
+                        (key, np.array(req.rows, copy=True), np.array(grads, copy=True), req.learning_rate))
                 return {"applied": False, "dropped": False}
             self._touch(req.worker)
-            table.apply(req.rows, req.grads, req.learning_rate)
-            self.stats["bytes_in"] += req.grads.nbytes + req.rows.nbytes
-            self.stats["row_pushes"] += 1
+            for table, (_, grads) in zip(tables, parts):
+                table.apply(req.rows, grads, req.learning_rate)
+            self.stats["bytes_in"] += sum(g.nbytes for _, g in parts) + req.rows.nbytes
+            self.stats["row_pushes"] += len(parts)
             return {"applied": True, "dropped": False}
 
-    def _check_row_array(self, req, array: np.ndarray, what: str, finite_what: str) -> None:
+    def _check_row_array(self, req, array: np.ndarray, what: str, finite_what: str, key: str | None = None) -> None:
         """A row request's array (before the lock: it reads only the array): float32, finite per policy."""
+        key = req.key if key is None else key
         if array.dtype != np.float32:
-            raise StoreError(f"{what} {short(req.key)} must be float32. Received: {array.dtype.name}.")
-        self._check_finite({req.key: array}, req.worker, finite_what)
+            raise StoreError(f"{what} {short(key)} must be float32. Received: {array.dtype.name}.")
+        self._check_finite({key: array}, req.worker, finite_what)
 
-    def _row_request_table(self, req, array: np.ndarray, what: str) -> Table:
-        """The table a row request (PushRows, WriteRows) names, once the request fits it (lock held)."""
+    def _row_request_table(self, req, array: np.ndarray, what: str, key: str | None = None) -> Table:
+        """The table (``key``, default the request's) a row request names, once the request fits it (lock held)."""
+        key = req.key if key is None else key
         self._require_initialized()
         self._check_incarnation(req.incarnation)
         self._check_member(req.worker)
-        table = self._table(req.key)
+        table = self._table(key)
         if array.shape[1] != table.spec.dim:
-            raise StoreError(f"{what} {short(req.key)} are {array.shape[1]} wide; its rows are {table.spec.dim}.")
+            raise StoreError(f"{what} {short(key)} are {array.shape[1]} wide; its rows are {table.spec.dim}.")
         self._check_rows(table, req.rows)
         return table
 

@@ -287,6 +287,8 @@ class PSRuntime:
         self._prefetched: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._last_lookup: tuple[str, np.ndarray] | None = None
         self._lookup_lock = threading.Lock()
+        #: Background row pushes of a table group waiting for the group's other members (key → ids, grads, lr).
+        self._held_pushes: dict[str, tuple[np.ndarray, np.ndarray, float | None]] = {}
         self.session: WorkerSession | None = None
         self.plan: PlacementPlan | None = None
         self._lock = threading.Lock()
@@ -436,6 +438,8 @@ class PSRuntime:
 
     def _new_step_for_lookups(self) -> None:
         """A step begins: rows read ahead for the step before are dropped (unused: that companionship is wrong)."""
+        if self._held_pushes:
+            self._send_held_pushes()
         with self._lookup_lock:
             for key in list(self._prefetched):
                 self._forget_companion(key)
@@ -471,15 +475,47 @@ class PSRuntime:
         if not self.background_row_pushes:
             self._recovering(lambda: session.push_rows(key, ids, grads, lr))
             return
+        ids, grads = np.array(ids, copy=True), np.array(grads, copy=True)  # the step's buffers are reused
+        group = self._push_group(key)
+        if group is None:
+            self._submit_row_push([key], ids, [grads], lr)
+            return
+        # Tables read together (see lookup_rows) also push together: held until the group's last one arrives
+        # in this step, then one request per PS task when their ids agree.
+        with self._row_push_lock:
+            self._held_pushes[key] = (ids, grads, lr)
+            if not all(k in self._held_pushes for k in group):
+                return
+            held = [self._held_pushes.pop(k) for k in group]
+        if all(np.array_equal(held[0][0], h[0]) for h in held[1:]):
+            self._submit_row_push(group, held[0][0], [h[1] for h in held], lr)
+        else:
+            for k, (k_ids, k_grads, k_lr) in zip(group, held):
+                self._submit_row_push([k], k_ids, [k_grads], k_lr)
+
+    def _push_group(self, key: str) -> list[str] | None:
+        """The tables ``key`` is read with (lead first), or None."""
+        for lead, companions in self._companions.items():
+            if key == lead or key in companions:
+                return [lead, *companions]
+        return None
+
+    def _submit_row_push(self, keys: list[str], ids: np.ndarray, grads: list[np.ndarray], lr: float | None) -> None:
         self._reap_row_pushes(block_until=MAX_ROW_PUSHES_IN_FLIGHT - 1)
         if self._row_pusher is None:
             import concurrent.futures
 
             self._row_pusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfdist-row-push")
-        ids, grads = np.array(ids, copy=True), np.array(grads, copy=True)  # the step's buffers are reused
-        future = self._row_pusher.submit(session.push_rows, key, ids, grads, lr)
+        future = self._row_pusher.submit(self.session.push_tables, keys, ids, grads, lr)
         with self._row_push_lock:
             self._row_pushes.append((future, self._recoveries()))
+
+    def _send_held_pushes(self) -> None:
+        """Row pushes held for a group whose other members did not push in their step: each on its own now."""
+        with self._row_push_lock:
+            held, self._held_pushes = self._held_pushes, {}
+        for key, (ids, grads, lr) in held.items():
+            self._submit_row_push([key], ids, [grads], lr)
 
     #: Row pushes of a table may travel in the background (set by the exchange path).
     background_row_pushes = False
@@ -508,6 +544,8 @@ class PSRuntime:
 
     def wait_row_pushes(self) -> None:
         """Every row push sent (before reads of the PS, checkpoints, leaving, closing)."""
+        if self._held_pushes:
+            self._send_held_pushes()
         self._reap_row_pushes(block_until=0)
 
     def make_plan(self) -> PlacementPlan:
