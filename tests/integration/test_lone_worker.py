@@ -122,6 +122,29 @@ def test_a_lone_worker_steps_without_an_exchange_and_trains_as_plain_keras(ps_se
         strategy.shutdown()
 
 
+def test_a_fit_after_leaving_takes_part_in_the_job_again(ps_server):
+    """LeaveOnTrainEnd, then a second fit: its local-only steps bring the worker back and reach the PS."""
+    import tfdist
+
+    data = load_digits()
+    x, y = data.x_train[:320].reshape(-1, 64), data.y_train[:320]
+    strategy = _strategy(ps_server, lone_worker_exchange_s=0.05)
+    try:
+        with strategy.scope():
+            model = _model()
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[tfdist.callbacks.LeaveOnTrainEnd()])
+        assert strategy._runtime._left
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        assert strategy.ps_status()[0]["worker_batches"] == {"0": 20}
+        assert not strategy._runtime._left
+        trained = model.get_weights()
+        strategy.pull(keep_local_writes=False)
+        for got, want in zip(model.get_weights(), trained):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    finally:
+        strategy.shutdown()
+
+
 def test_zero_exchanges_after_every_step_as_with_several_workers(ps_server, monkeypatch):
     strategy = _strategy(ps_server, lone_worker_exchange_s=0)
     runtime = strategy._runtime

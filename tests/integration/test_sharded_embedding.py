@@ -426,3 +426,35 @@ def test_tables_read_together_push_together_in_the_background(monkeypatch):
     finally:
         strategy.shutdown()
         server.stop(0)
+
+
+def test_a_table_read_twice_in_a_step_is_never_grouped_and_loses_no_gradient(monkeypatch):
+    """Async in a cluster: the deep table is read by two id sets, the wide one by the first: no push is lost."""
+    from tfdist.ps.server import PSServer
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TFDIST_CONFIG", raising=False)
+    ids, y = _data()
+    server = PSServer(None, token="a-token-123", num_workers=2).start()
+    keras.backend.clear_session()
+    strategy = tfdist.ParameterServerStrategy(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"],
+                                                       "ps": [server.address]}, task="worker:0", token="a-token-123")
+    try:
+        with strategy.scope():
+            deep = tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="deep")
+            wide = tfdist.layers.ShardedEmbedding(VOCAB, 1, embeddings_initializer="zeros", name="wide")
+            keras.utils.set_random_seed(1)
+            inp = keras.Input((LEN,), dtype="int64")
+            shifted = keras.ops.mod(inp + 7, VOCAB)
+            parts = [keras.layers.GlobalAveragePooling1D()(t) for t in (deep(inp), wide(inp), deep(shifted))]
+            model = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(keras.layers.Concatenate()(parts)))
+            model.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy")
+        model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        status = strategy.ps_status()[0]
+        runtime = strategy._runtime
+        assert deep._table_key in runtime._solo and not runtime._held_pushes
+        assert status["tables"][deep._table_key]["updates"] == 2 * STEPS  # both reads' gradients, every step
+        assert status["tables"][wide._table_key]["updates"] == STEPS
+    finally:
+        strategy.shutdown()
+        server.stop(0)

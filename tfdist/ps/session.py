@@ -754,10 +754,17 @@ class UpdateSession(WorkerSession):
         base = self._base if self._base is not None else self._snapshot
         deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
         self.clock += 1
-        if self._exchange_thread is None:
-            self._exchange_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-exchange")
-        self._exchange = self._exchange_thread.submit(
-            self._exchange_in_background, deltas, loss, self.clock, self._snapshot, list(self.version), steps)
+        args = (deltas, loss, self.clock, self._snapshot, list(self.version), steps)
+        try:
+            if self._exchange_thread is None:
+                self._exchange_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-exchange")
+            self._exchange = self._exchange_thread.submit(self._exchange_in_background, *args)
+        except RuntimeError:  # the interpreter is ending (no new futures): exchange in this thread
+            self._exchange = Future()
+            try:
+                self._exchange.set_result(self._exchange_in_background(*args))
+            except BaseException as e:  # read by _finish_exchange, as a failed background exchange would be
+                self._exchange.set_exception(e)
         self.stats["syncs"] += 1
         self.stats["sync_seconds"] += time.perf_counter() - start
         return corrections

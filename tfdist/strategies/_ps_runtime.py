@@ -39,7 +39,7 @@ from tfdist.consistency import ConsistencyPolicy, policy_from_spec
 from tfdist.errors import ClusterError, PSRestartedError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
-from tfdist.ps.protocol import CheckpointRequest
+from tfdist.ps.protocol import MAX_LOOKUP_TABLES, CheckpointRequest
 from tfdist.ps.sparse import TableSpec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.strategies._derived_state import DerivedStateLayers
@@ -286,6 +286,9 @@ class PSRuntime:
         self._companions: dict[str, list[str]] = {}
         self._prefetched: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._last_lookup: tuple[str, np.ndarray] | None = None
+        #: Tables read in this step; tables read more than once in a step (never grouped).
+        self._looked_up: set[str] = set()
+        self._solo: set[str] = set()
         self._lookup_lock = threading.Lock()
         #: Background row pushes of a table group waiting for the group's other members (key → ids, grads, lr).
         self._held_pushes: dict[str, tuple[np.ndarray, np.ndarray, float | None]] = {}
@@ -396,22 +399,33 @@ class PSRuntime:
         """
         session = self.ensure_session()
         as_reader = self._left or self.worker_id < 0 or self.in_warmup
-        with self._lookup_lock:
+        with self._lookup_lock:  # the bookkeeping only: requests of several lookups may overlap
+            if key in self._looked_up:  # read twice in one step (a shared table): never grouped
+                self._ungroup(key)
+            self._looked_up.add(key)
             held = self._prefetched.pop(key, None)
             if held is not None:
                 if np.array_equal(held[0], ids):
                     return held[1]
                 self._forget_companion(key)
             keys = [key, *self._companions.get(key, ())]
-            try:
-                rows = session.lookup_tables(keys, ids, as_reader=as_reader)
-            except PSUnavailableError as e:
-                self._recover(e, as_reader)
-                rows = session.lookup_tables(keys, ids, as_reader=as_reader)
+        try:
+            rows = session.lookup_tables(keys, ids, as_reader=as_reader)
+        except PSUnavailableError as e:
+            self._recover(e, as_reader)
+            rows = session.lookup_tables(keys, ids, as_reader=as_reader)
+        with self._lookup_lock:
             for other in keys[1:]:
-                self._prefetched[other] = (ids, rows[other])
+                if other not in self._looked_up:
+                    self._prefetched[other] = (ids, rows[other])
             self._learn_companion(key, ids)
-            return rows[key]
+        return rows[key]
+
+    def _ungroup(self, key: str) -> None:
+        """``key`` is read more than once in a step: it never shares a request (its reads are not one set of ids)."""
+        self._solo.add(key)
+        self._companions.pop(key, None)
+        self._forget_companion(key)
 
     def _learn_companion(self, key: str, ids: np.ndarray) -> None:
         """``key`` was just read by a request of its own: a companion of the step's previous lookup if same ids."""
@@ -422,12 +436,14 @@ class PSRuntime:
         read_with_another = {k for companions in self._companions.values() for k in companions}
         if lead == key or key in self._companions or key in read_with_another or lead in read_with_another:
             return
+        if key in self._solo or lead in self._solo or len(self._companions.get(lead, ())) >= MAX_LOOKUP_TABLES - 1:
+            return
         if lead_ids.shape != ids.shape or not np.array_equal(lead_ids, ids):
             return
         self._companions.setdefault(lead, []).append(key)
         self._last_lookup = last  # a third table with the same ids joins the same lead
-        logger.info("worker %d: tables %s and %s are looked up by the same ids: one request reads both from now on",
-                    self.worker_id, lead, key)
+        logger.info("worker %d: %s and %s are looked up by the same ids: one request per PS task serves both from "
+                    "now on", self.worker_id, lead, key)
 
     def _forget_companion(self, key: str) -> None:
         for lead, companions in list(self._companions.items()):
@@ -445,6 +461,7 @@ class PSRuntime:
                 self._forget_companion(key)
             self._prefetched.clear()
             self._last_lookup = None
+            self._looked_up.clear()
 
     def read_rows(self, key: str, ids: np.ndarray) -> np.ndarray:
         """Rows of table ``key`` outside a step (saving, inspection): read as an evaluator reads."""
@@ -483,10 +500,18 @@ class PSRuntime:
         # Tables read together (see lookup_rows) also push together: held until the group's last one arrives
         # in this step, then one request per PS task when their ids agree.
         with self._row_push_lock:
-            self._held_pushes[key] = (ids, grads, lr)
-            if not all(k in self._held_pushes for k in group):
-                return
-            held = [self._held_pushes.pop(k) for k in group]
+            earlier = self._held_pushes.pop(key, None)
+            if earlier is None:
+                self._held_pushes[key] = (ids, grads, lr)
+                if not all(k in self._held_pushes for k in group):
+                    return
+                held = [self._held_pushes.pop(k) for k in group]
+        if earlier is not None:  # pushed twice in one step: each on its own, and the table is grouped no more
+            with self._lookup_lock:
+                self._ungroup(key)
+            self._submit_row_push([key], earlier[0], [earlier[1]], earlier[2])
+            self._submit_row_push([key], ids, [grads], lr)
+            return
         if all(np.array_equal(held[0][0], h[0]) for h in held[1:]):
             self._submit_row_push(group, held[0][0], [h[1] for h in held], lr)
         else:
@@ -506,7 +531,11 @@ class PSRuntime:
             import concurrent.futures
 
             self._row_pusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfdist-row-push")
-        future = self._row_pusher.submit(self.session.push_tables, keys, ids, grads, lr)
+        try:
+            future = self._row_pusher.submit(self.session.push_tables, keys, ids, grads, lr)
+        except RuntimeError:  # the interpreter is ending (no new futures): push in this thread
+            self._recovering(lambda: self.session.push_tables(keys, ids, grads, lr))
+            return
         with self._row_push_lock:
             self._row_pushes.append((future, self._recoveries()))
 
@@ -991,9 +1020,10 @@ class UpdatePathRuntime(PSRuntime):
     def local_only(self) -> bool:
         """Whether training steps run without any exchange (see ``_local_only``); fixed at the first call."""
         if self._local_only is None:
-            self._local_only = not self._tables and self.slowdown is None and self.warmup_left == 0
-            if self._local_only and self.lone_worker:
-                self._start_background_exchange()
+            local_only = not self._tables and self.slowdown is None and self.warmup_left == 0
+            if local_only and self.lone_worker:
+                self._start_background_exchange()  # may fail (no PS): decided at the next trace then
+            self._local_only = local_only
         return self._local_only
 
     def build_local_end_of_step(self) -> tf.Tensor:
@@ -1026,6 +1056,8 @@ class UpdatePathRuntime(PSRuntime):
             try:
                 self._lone_exchange()
             except Exception as e:  # the PS is gone for good (recovery failed) or refused the update
+                if self._lone_stop.is_set() or (isinstance(e, RuntimeError) and "shutdown" in str(e)):
+                    return  # the process is ending: close() sends what is left, in its own thread
                 self._lone_error = e
                 logger.error("worker %d: the background exchange with the parameter servers failed; training "
                              "stops at the next step: %s", self.worker_id, e)
@@ -1040,9 +1072,13 @@ class UpdatePathRuntime(PSRuntime):
         variable's next update is taken against the very values sent now.
         """
         with self._exchange_lock:
-            if self._closed or self._left or self.session is None:
+            if self._closed or self.session is None:
                 return
             self._count_local_steps()
+            if self._left:
+                if not self._unsent_steps:
+                    return
+                self.rejoin()  # a later fit after leave(): its steps take part in the job again
             if not self._unsent_steps:  # the last exchange's outcome (a lost PS is found, and recovered from, now)
                 corrections = self._recovering(self.session.flush)
                 if corrections:
@@ -1050,7 +1086,11 @@ class UpdatePathRuntime(PSRuntime):
                 return
             steps, self._unsent_steps = self._unsent_steps, 0
             recoveries = self._recoveries()
-            self._send_overlapped(self.registry.values(), None, steps)
+            try:
+                self._send_overlapped(self.registry.values(), None, steps)
+            except BaseException:
+                self._unsent_steps += steps  # not sent: the next exchange (or close) carries them
+                raise
             if self._recoveries() > recoveries:  # the exchange before failed and this one was not sent:
                 self._unsent_steps += steps      # the next one carries these steps (and the state, see _recover)
             else:
@@ -1156,12 +1196,18 @@ class UpdatePathRuntime(PSRuntime):
         """
         self.wait_row_pushes()
         with self._exchange_lock:
-            if self._lone_error is not None:
-                raise self._lone_error
+            if self._lone_error is not None and not self._closed:
+                raise self._lone_error  # (closing tries to send the last steps all the same)
             self._count_local_steps()
+            if self.session is None or self.worker_id < 0:
+                return
+            if self._left and self._unsent_steps and self._local_only:
+                self.rejoin()  # local-only steps of a later fit after leave(): they take part in the job again
+            if self._left:
+                return
             if self._lone_resync and not self._unsent_steps:
                 self._unsent_steps = 1  # the PS tasks must get this lone worker's state back: a push counts a batch
-            if not self._unsent_steps or self.session is None or self.worker_id < 0 or self._left:
+            if not self._unsent_steps:
                 return
             steps, self._unsent_steps = self._unsent_steps, 0
             for _ in range(2):  # a lone worker's push lost with a PS task is sent again once it recovered
