@@ -91,6 +91,22 @@ def _wide_and_deep(deep, wide):
     return keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(x))
 
 
+def _twin_tables(strategy):
+    """A deep and a wide ShardedEmbedding read by the same ids, and the compiled model (under ``strategy``)."""
+    with strategy.scope():
+        deep = tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="deep")
+        wide = tfdist.layers.ShardedEmbedding(VOCAB, 1, embeddings_initializer="zeros", name="wide")
+        model = _wide_and_deep(deep, wide)
+        model.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy")
+    return deep, wide, model
+
+
+def _record_tables(monkeypatch, session, method: str, calls: list) -> None:
+    """Records the table keys of every ``session.<method>(keys, ...)`` call in ``calls``."""
+    original = getattr(session, method)
+    monkeypatch.setattr(session, method, lambda keys, *a, **k: (calls.append(list(keys)), original(keys, *a, **k))[1])
+
+
 def test_tables_looked_up_by_the_same_ids_share_one_request_and_train_as_before(monkeypatch):
     """A wide and a deep table of the same ids: after the first step, one lookup request reads both."""
     ids, y = _data()
@@ -109,15 +125,8 @@ def test_tables_looked_up_by_the_same_ids_share_one_request_and_train_as_before(
     runtime = strategy._runtime
     requests = []
     try:
-        with strategy.scope():
-            deep = tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="deep")
-            wide = tfdist.layers.ShardedEmbedding(VOCAB, 1, embeddings_initializer="zeros", name="wide")
-            model = _wide_and_deep(deep, wide)
-            model.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy")
-        session = runtime.ensure_session()
-        original = session.lookup_tables
-        monkeypatch.setattr(session, "lookup_tables",
-                            lambda keys, *a, **k: (requests.append(list(keys)), original(keys, *a, **k))[1])
+        deep, wide, model = _twin_tables(strategy)
+        _record_tables(monkeypatch, runtime.ensure_session(), "lookup_tables", requests)
         model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         # the first step asks for each table; every later step reads both with one request
         first, second = requests[0], requests[1]  # in the order the model reads them
@@ -352,109 +361,84 @@ def test_a_replicated_embedding_sends_only_the_rows_a_step_changed():
         strategy.shutdown()
 
 
-def test_async_row_pushes_travel_in_the_background_and_none_is_lost(monkeypatch):
+@pytest.fixture
+def cluster_strategy(no_cluster):
+    """Worker 0 of a 2-worker async job whose PS task runs in this process (real gRPC): row pushes go in the
+    background, as in a cluster."""
+    from tfdist.ps.server import PSServer
+
+    server = PSServer(None, token="a-token-123", num_workers=2).start()
+    keras.backend.clear_session()
+    strategy = tfdist.ParameterServerStrategy(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"],
+                                                       "ps": [server.address]}, task="worker:0", token="a-token-123")
+    yield strategy
+    strategy.shutdown()
+    server.stop(0)
+
+
+def test_async_row_pushes_travel_in_the_background_and_none_is_lost(cluster_strategy, monkeypatch):
     """A cluster's async worker sends a step's row gradients from a background thread (its next lookups do
     not wait); every push reaches the PS before a read of it (ps_status, pull, save)."""
-    from tfdist.ps.server import PSServer
-
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    monkeypatch.delenv("TFDIST_CONFIG", raising=False)
     ids, y = _data()
-    server = PSServer(None, token="a-token-123", num_workers=2).start()
-    keras.backend.clear_session()
-    strategy = tfdist.ParameterServerStrategy(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"],
-                                                       "ps": [server.address]}, task="worker:0", token="a-token-123")
-    try:
-        runtime = strategy._runtime
-        assert runtime.background_row_pushes
-        threads = set()
-        with strategy.scope():
-            layer = tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros")
-            model = _model(layer)
-            model.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy")
-        model.fit(ids[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)  # the session exists now
-        push = runtime.session.push_tables
+    strategy = cluster_strategy
+    runtime = strategy._runtime
+    assert runtime.background_row_pushes
+    threads = set()
+    with strategy.scope():
+        layer = tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros")
+        model = _model(layer)
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy")
+    model.fit(ids[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)  # the session exists now
+    push = runtime.session.push_tables
 
-        def recording(*args, **kwargs):
-            import threading
+    def recording(*args, **kwargs):
+        import threading
 
-            threads.add(threading.current_thread().name)
-            return push(*args, **kwargs)
+        threads.add(threading.current_thread().name)
+        return push(*args, **kwargs)
 
-        monkeypatch.setattr(runtime.session, "push_tables", recording)
-        model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-        assert threads and all(name.startswith("tfdist-row-push") for name in threads), threads
-        status = strategy.ps_status()[0]  # waits for the pushes in flight
-        assert not runtime._row_pushes
-        assert status["tables"][layer._table_key]["updates"] == STEPS + 1  # every step's push applied once
-        assert np.abs(layer.table_values()).sum() > 0
-    finally:
-        strategy.shutdown()
-        server.stop(0)
+    monkeypatch.setattr(runtime.session, "push_tables", recording)
+    model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert threads and all(name.startswith("tfdist-row-push") for name in threads), threads
+    status = strategy.ps_status()[0]  # waits for the pushes in flight
+    assert not runtime._row_pushes
+    assert status["tables"][layer._table_key]["updates"] == STEPS + 1  # every step's push applied once
+    assert np.abs(layer.table_values()).sum() > 0
 
 
-def test_tables_read_together_push_together_in_the_background(monkeypatch):
+def test_tables_read_together_push_together_in_the_background(cluster_strategy, monkeypatch):
     """Async in a cluster: a wide and a deep table of the same ids send one PushRows per PS task a step."""
-    from tfdist.ps.server import PSServer
-
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    monkeypatch.delenv("TFDIST_CONFIG", raising=False)
     ids, y = _data()
-    server = PSServer(None, token="a-token-123", num_workers=2).start()
-    keras.backend.clear_session()
-    strategy = tfdist.ParameterServerStrategy(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"],
-                                                       "ps": [server.address]}, task="worker:0", token="a-token-123")
+    strategy = cluster_strategy
     pushes = []
-    try:
-        runtime = strategy._runtime
-        with strategy.scope():
-            deep = tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="deep")
-            wide = tfdist.layers.ShardedEmbedding(VOCAB, 1, embeddings_initializer="zeros", name="wide")
-            model = _wide_and_deep(deep, wide)
-            model.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy")
-        session = runtime.ensure_session()
-        push = session.push_tables
-        monkeypatch.setattr(session, "push_tables", lambda keys, *a, **k: (pushes.append(list(keys)),
-                                                                           push(keys, *a, **k))[1])
-        model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-        status = strategy.ps_status()[0]  # waits for the pushes in flight (and any held one)
-        assert not runtime._row_pushes and not runtime._held_pushes
-        # the first step's lookups already paired the tables (both are read before the backward pass)
-        assert pushes == [pushes[0]] * STEPS and sorted(pushes[0]) == sorted([deep._table_key, wide._table_key])
-        for layer in (deep, wide):  # every step's gradients applied once per table
-            assert status["tables"][layer._table_key]["updates"] == STEPS
-    finally:
-        strategy.shutdown()
-        server.stop(0)
+    runtime = strategy._runtime
+    deep, wide, model = _twin_tables(strategy)
+    _record_tables(monkeypatch, runtime.ensure_session(), "push_tables", pushes)
+    model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    status = strategy.ps_status()[0]  # waits for the pushes in flight (and any held one)
+    assert not runtime._row_pushes and not runtime._held_pushes
+    # the first step's lookups already paired the tables (both are read before the backward pass)
+    assert pushes == [pushes[0]] * STEPS and sorted(pushes[0]) == sorted([deep._table_key, wide._table_key])
+    for layer in (deep, wide):  # every step's gradients applied once per table
+        assert status["tables"][layer._table_key]["updates"] == STEPS
 
 
-def test_a_table_read_twice_in_a_step_is_never_grouped_and_loses_no_gradient(monkeypatch):
+def test_a_table_read_twice_in_a_step_is_never_grouped_and_loses_no_gradient(cluster_strategy, monkeypatch):
     """Async in a cluster: the deep table is read by two id sets, the wide one by the first: no push is lost."""
-    from tfdist.ps.server import PSServer
-
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    monkeypatch.delenv("TFDIST_CONFIG", raising=False)
     ids, y = _data()
-    server = PSServer(None, token="a-token-123", num_workers=2).start()
-    keras.backend.clear_session()
-    strategy = tfdist.ParameterServerStrategy(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"],
-                                                       "ps": [server.address]}, task="worker:0", token="a-token-123")
-    try:
-        with strategy.scope():
-            deep = tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="deep")
-            wide = tfdist.layers.ShardedEmbedding(VOCAB, 1, embeddings_initializer="zeros", name="wide")
-            keras.utils.set_random_seed(1)
-            inp = keras.Input((LEN,), dtype="int64")
-            shifted = keras.ops.mod(inp + 7, VOCAB)
-            parts = [keras.layers.GlobalAveragePooling1D()(t) for t in (deep(inp), wide(inp), deep(shifted))]
-            model = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(keras.layers.Concatenate()(parts)))
-            model.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy")
-        model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-        status = strategy.ps_status()[0]
-        runtime = strategy._runtime
-        assert deep._table_key in runtime._solo and not runtime._held_pushes
-        assert status["tables"][deep._table_key]["updates"] == 2 * STEPS  # both reads' gradients, every step
-        assert status["tables"][wide._table_key]["updates"] == STEPS
-    finally:
-        strategy.shutdown()
-        server.stop(0)
+    strategy = cluster_strategy
+    with strategy.scope():
+        deep = tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="deep")
+        wide = tfdist.layers.ShardedEmbedding(VOCAB, 1, embeddings_initializer="zeros", name="wide")
+        keras.utils.set_random_seed(1)
+        inp = keras.Input((LEN,), dtype="int64")
+        shifted = keras.ops.mod(inp + 7, VOCAB)
+        parts = [keras.layers.GlobalAveragePooling1D()(t) for t in (deep(inp), wide(inp), deep(shifted))]
+        model = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(keras.layers.Concatenate()(parts)))
+        model.compile(optimizer=keras.optimizers.Adagrad(0.3), loss="binary_crossentropy")
+    model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    status = strategy.ps_status()[0]
+    runtime = strategy._runtime
+    assert deep._table_key in runtime._solo and not runtime._held_pushes
+    assert status["tables"][deep._table_key]["updates"] == 2 * STEPS  # both reads' gradients, every step
+    assert status["tables"][wide._table_key]["updates"] == STEPS
