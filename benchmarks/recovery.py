@@ -50,8 +50,10 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration", "scripts"))
 
 from benchmarks import _common  # noqa: E402
+from durability_faults import wait_until  # noqa: E402  (the fault matrix's bounded wait)
 
 WORKER = os.path.join(ROOT, "benchmarks", "recovery_workers", "worker.py")
 #: Targets of issue #13 on this machine.
@@ -79,18 +81,6 @@ def _status(cluster, ps: int) -> dict:
     return meta
 
 
-def _wait(cluster, what: str, ready, timeout: float) -> None:
-    """Polls ``ready()`` (bounded), failing at once, with the log tail, if a task exits."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        for task, proc in cluster.job.tasks.items():
-            if proc.poll() is not None:
-                raise RuntimeError(f"{task} exited {proc.poll()} while waiting for {what}:\n{cluster.log(task)[-2000:]}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout:g} s")
-        time.sleep(0.05)
-
-
 def _results(out: str) -> list[dict]:
     results = []
     for w in (0, 1):
@@ -108,7 +98,7 @@ def run_recovery(mode: str, every_s: float, kill_after_s: float, after_kill_s: f
     config = _config(f"bench-recovery-{mode}", mode, os.path.join(out, "ckpt"), every_s)
     with LocalCluster(workers=2, ps=2, config=config, log_dir=out) as cluster:
         cluster.start(WORKER, ["--mode", mode, "--model", model, "--out", out, "--steps", str(max_steps)])
-        _wait(cluster, "ps:1's first checkpoint", lambda: os.path.exists(os.path.join(out, "started")) and
+        wait_until(cluster, "ps:1's first checkpoint", lambda: os.path.exists(os.path.join(out, "started")) and
               (_status(cluster, 1).get("checkpoint") or {}).get("last_step") is not None, timeout)
         time.sleep(kill_after_s)  # where in the checkpoint interval the kill lands (not a synchronisation)
         before = _status(cluster, 1)

@@ -27,20 +27,11 @@ from tfdist.testing import LocalCluster
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
 from durability_faults import EVERY, PAUSE_AT, STEPS, kill_ps1  # noqa: E402
+from digits_mlp import sgd_mlp as _model  # noqa: E402  (the single-process tests' MLP)
 
 pytestmark = pytest.mark.timeout(300)
 
 TOKEN = "a-token-123"
-
-
-def _model(lr=0.05):
-    import keras
-
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                              keras.layers.Dense(10, activation="softmax")])
-    model.compile(keras.optimizers.SGD(lr), "sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
 
 
 @pytest.fixture

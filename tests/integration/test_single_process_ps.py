@@ -5,22 +5,18 @@ in-process PS learns of them when something reads it, and a local write
 never travels in one update with held training steps.
 """
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
 from tfdist.datasets import load_digits
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
+from digits_mlp import sgd_mlp as _model  # noqa: E402  (shared with test_lone_worker.py)
+
 pytestmark = pytest.mark.timeout(240)
-
-
-def _model(lr=0.05):
-    import keras
-
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                              keras.layers.Dense(10, activation="softmax")])
-    model.compile(keras.optimizers.SGD(lr), "sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
 
 
 def test_async_training_exchanges_nothing_and_equals_plain_keras(no_cluster, monkeypatch):

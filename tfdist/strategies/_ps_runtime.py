@@ -95,22 +95,20 @@ def _numpy_dtype_name(dtype: tf.DType) -> str:
     return "bfloat16" if dtype == tf.bfloat16 else np.dtype(dtype.as_numpy_dtype).name
 
 
-def _assign(var: tf.Variable, value: np.ndarray) -> None:
-    """``var = value`` eagerly, as the bare resource op (see :func:`_assign_add`); the shape must be the variable's."""
+def _write(var: tf.Variable, value: np.ndarray, add: bool = False) -> None:
+    """``var = value`` (``var += value`` with ``add``) eagerly, as the bare resource op.
+
+    ``tf.Variable.assign[_add]``'s Python layers (dispatch, the returned
+    read) cost more than the write on small models. A variable without a
+    plain handle, a graph context, or a value of another shape (which the
+    bare assign would not refuse) goes through the method.
+    """
     handle = getattr(var, "handle", None)
     if handle is None or not tf.executing_eagerly() or tuple(np.shape(value)) != tuple(var.shape):
-        var.assign(value, read_value=False)
+        (var.assign_add if add else var.assign)(value, read_value=False)
         return
-    gen_resource_variable_ops.assign_variable_op(handle, tf.convert_to_tensor(value, dtype=var.dtype))
-
-
-def _assign_add(var: tf.Variable, value: np.ndarray) -> None:
-    """``var += value`` eagerly, as the bare resource op (a variable without a plain handle: its method)."""
-    handle = getattr(var, "handle", None)
-    if handle is None or not tf.executing_eagerly():
-        var.assign_add(value, read_value=False)
-        return
-    gen_resource_variable_ops.assign_add_variable_op(handle, tf.convert_to_tensor(value, dtype=var.dtype))
+    op = gen_resource_variable_ops.assign_add_variable_op if add else gen_resource_variable_ops.assign_variable_op
+    op(handle, tf.convert_to_tensor(value, dtype=var.dtype))
 
 
 class VariableRegistry:
@@ -220,7 +218,7 @@ class VariableRegistry:
         try:
             for spec, var in zip(self.specs, self.variables):
                 if spec.key not in kept:
-                    _assign(var, values[spec.key])
+                    _write(var, values[spec.key])
         finally:
             self._own_write = False
         if not keep_written:
@@ -232,18 +230,13 @@ class VariableRegistry:
         self.derived.refresh()
 
     def add(self, corrections: Mapping[str, np.ndarray]) -> None:
-        """Adds ``corrections`` (variable key → array; missing keys: nothing to add).
-
-        The resource op itself, not ``tf.Variable.assign_add``: on small
-        models that method's Python layers (dispatch, the returned read)
-        cost more than the addition, at every step of an overlapped exchange.
-        """
+        """Adds ``corrections`` (variable key → array; missing keys: nothing to add); see :func:`_write`."""
         self._own_write = True
         try:
             for spec, var in zip(self.specs, self.variables):
                 correction = corrections.get(spec.key)
                 if correction is not None:
-                    _assign_add(var, correction)
+                    _write(var, correction, add=True)
         finally:
             self._own_write = False
         self.derived.refresh()
@@ -454,8 +447,7 @@ class PSRuntime:
 
     def _new_step_for_lookups(self) -> None:
         """A step begins: rows read ahead for the step before are dropped (unused: that companionship is wrong)."""
-        if self._held_pushes:
-            self._send_held_pushes()
+        self._send_held_pushes()
         with self._lookup_lock:
             for key in list(self._prefetched):
                 self._forget_companion(key)
@@ -541,6 +533,8 @@ class PSRuntime:
 
     def _send_held_pushes(self) -> None:
         """Row pushes held for a group whose other members did not push in their step: each on its own now."""
+        if not self._held_pushes:
+            return
         with self._row_push_lock:
             held, self._held_pushes = self._held_pushes, {}
         for key, (ids, grads, lr) in held.items():
@@ -573,8 +567,7 @@ class PSRuntime:
 
     def wait_row_pushes(self) -> None:
         """Every row push sent (before reads of the PS, checkpoints, leaving, closing)."""
-        if self._held_pushes:
-            self._send_held_pushes()
+        self._send_held_pushes()
         self._reap_row_pushes(block_until=0)
 
     def make_plan(self) -> PlacementPlan:

@@ -21,16 +21,22 @@ STEPS, PAUSE_AT, EVERY = 150, 60, 20
 HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S = 1.0, 3.0
 
 
-def wait_for_file(cluster, path, timeout):
-    """Waits until ``path`` exists; raises at once, with its log tail, if a task of the job exits meanwhile."""
+def wait_until(cluster, what, ready, timeout):
+    """Polls ``ready()`` (bounded); raises at once, with its log tail, if a task of the job exits meanwhile."""
     deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
+    while not ready():
         for task, proc in cluster.job.tasks.items():
             if proc.poll() is not None:
-                raise RuntimeError(f"{task} exited {proc.poll()} early:\n{cluster.log(task)[-3000:]}")
+                raise RuntimeError(f"{task} exited {proc.poll()} while waiting for {what}:\n"
+                                   f"{cluster.log(task)[-3000:]}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout} s")
+            raise TimeoutError(f"{what} did not happen within {timeout:g} s")
         time.sleep(0.05)
+
+
+def wait_for_file(cluster, path, timeout):
+    """Waits until ``path`` exists (see :func:`wait_until`)."""
+    wait_until(cluster, path, lambda: os.path.exists(path), timeout)
 
 
 def ps_status(cluster, ps):
