@@ -54,6 +54,7 @@ __all__ = [
     "refuse_legacy_keras",
     "keras_tensorflow_trainer",
     "keras_variable_owner",
+    "is_loss_scale_check",
 ]
 
 
@@ -92,6 +93,26 @@ def keras_variable_owner():
         return None
     stack = global_state.get_global_attribute("name_scope_stack")
     return getattr(stack[-1], "caller", None) if stack else None
+
+
+def is_loss_scale_check(fn) -> bool:
+    """Whether ``fn`` (as given to ``call_for_each_replica``) is ``LossScaleOptimizer.check_finite``.
+
+    Checked on Keras 3.15: under a strategy that needs merge calls,
+    ``LossScaleOptimizer`` decides whether a step's gradients overflowed with
+    ``call_for_each_replica(self.check_finite, ...)`` from inside the step,
+    on the replica's own (not yet reduced) gradients, and applies them only
+    if they are finite. TF may hand the method over wrapped (autograph).
+    """
+    try:
+        from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+    except ImportError:  # another Keras layout
+        return False
+    import inspect
+
+    fn = inspect.unwrap(fn)
+    return getattr(fn, "__name__", None) == "check_finite" and isinstance(getattr(fn, "__self__", None),
+                                                                          LossScaleOptimizer)
 
 
 def context_initialized() -> bool:

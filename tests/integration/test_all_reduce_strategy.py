@@ -122,3 +122,60 @@ def test_partial_all_reduce_excludes_readmits_and_keeps_members_identical(tmp_pa
         if raised["type"] == "CollectivePeerError":
             assert 2 in raised["peers"] or "unreachable" in raised["message"], raised
         assert raised["time"] - killed["time"] <= TIMEOUT_S + 10.0, (raised, killed)
+
+
+def test_a_multi_worker_job_never_trains_alone_after_tf_ran_an_op(tmp_path):
+    """TF_CONFIG lists 2 workers, the script ran a TF op and never joined the group: refused, naming the fix.
+
+    (Joining by itself while TF has run no op is the Keras matrix's AllReduce case, which never calls
+    ``init_worker_group``.) Before, this trained each worker as a job of its own, silently.
+    """
+    import subprocess
+    import sys
+
+    code = (
+        "import tensorflow as tf\n"
+        "tf.constant(1.0) + 1.0\n"
+        "import tfdist\n"
+        "from tfdist.collective import CollectiveSetupError\n"
+        "try:\n"
+        "    tfdist.AllReduceStrategy()\n"
+        "except CollectiveSetupError as e:\n"
+        "    print('REFUSED:', e)\n"
+        "else:\n"
+        "    print('TRAINED ALONE')\n"
+    )
+    tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker",
+                                                                                          "index": 1}})
+    env = {**os.environ, "TF_CONFIG": tf_config, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "REFUSED:" in done.stdout and "init_worker_group()" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+def _mixed_precision_job(tmp_path, extra):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = os.path.join(os.path.dirname(__file__), "scripts", "mixed_precision_worker.py")
+    with LocalCluster(workers=2, ps=1, log_dir=str(tmp_path / "logs")) as cluster:
+        cluster.start(script, args=["--out", str(out), *extra], tasks=["worker:0", "worker:1"])
+        deadline = time.monotonic() + 180
+        codes = {w: cluster.process(f"worker:{w}").wait(timeout=max(1.0, deadline - time.monotonic()))
+                 for w in (0, 1)}
+        logs = {w: cluster.log(f"worker:{w}")[-3000:] for w in (0, 1)}
+    assert codes == {0: 0, 1: 0}, logs
+    return [json.load(open(out / f"worker-{w}.json")) for w in (0, 1)]
+
+
+def test_mixed_float16_overflow_on_one_worker_is_skipped_by_every_worker(tmp_path):
+    """Dynamic loss scaling: worker 1's gradients overflow at step 3, worker 0's do not; all skip it, stay one model.
+
+    Keras's LossScaleOptimizer checks each replica's own gradients before they are reduced (and crashed under
+    this strategy before: its nested call_for_each_replica). Without the members' joint answer worker 0 would
+    all-reduce alone at that step and the workers' collectives would no longer pair up.
+    """
+    w0, w1 = _mixed_precision_job(tmp_path, ["--overflow-worker", "1", "--overflow-step", "3"])
+    assert w0["hash"] == w1["hash"], (w0, w1)  # one model
+    assert w0["loss_scale"] == w1["loss_scale"] == w0["initial_scale"] / 2, (w0, w1)  # both skipped one step
+    assert w0["iterations"] == w1["iterations"] == 7 and w0["steps"] == w1["steps"] == 8, (w0, w1)

@@ -1,8 +1,10 @@
 """The Keras features users rely on, under every tfdist strategy, on real processes (issue #15's matrix).
 
-One ``LocalCluster`` (2 workers, 5 PS tasks) serves the whole matrix: each
+One ``LocalCluster`` (2 workers, 7 PS tasks) serves the whole matrix: each
 worker process runs ``AllReduceStrategy`` and then the five PS modes one after
-the other, each PS mode on a job of its own (one PS task each), and reports
+the other, each PS mode on a job of its own (one PS task each), then "lone":
+each process the only worker of a job of its own (async, one PS task each: the
+lone-worker path a one-worker job takes), and reports
 every case (``scripts/keras_matrix_worker.py``). Each case is asserted here
 per mode, so a failure names the mode, the worker and the case.
 """
@@ -17,7 +19,9 @@ from tfdist.testing import LocalCluster
 
 pytestmark = pytest.mark.timeout(600)
 
-MODES = ["all_reduce", "async", "ssp", "dtssp", "bsp", "sync_replicas"]
+MODES = ["all_reduce", "async", "ssp", "dtssp", "bsp", "sync_replicas", "lone"]
+#: PS tasks: one per PS mode, and one per worker process for "lone" (each worker the only one of its own job)
+PS_TASKS = len(MODES) - 2 + 2
 STEPS, EPOCHS, LR = 6, 3, 1e-2
 
 
@@ -29,7 +33,7 @@ def matrix(tmp_path_factory):
     out = root / "out"
     out.mkdir()
     here = os.path.dirname(os.path.abspath(__file__))
-    with LocalCluster(workers=2, ps=len(MODES) - 1, log_dir=str(root / "logs")) as cluster:
+    with LocalCluster(workers=2, ps=PS_TASKS, log_dir=str(root / "logs")) as cluster:
         cluster.start(os.path.join(here, "scripts", "keras_matrix_worker.py"), ["--out", str(out)])
         try:
             cluster.wait(480)
@@ -56,7 +60,10 @@ def test_every_input_type_trains(matrix, mode, me):
     for name in ("numpy", "tf_data_steps", "py_dataset", "datasets_from_function"):
         assert cases[name]["epochs"] == 1 and all(math.isfinite(v) for v in cases[name]["loss"]), (name, cases[name])
     ctx = cases["input_context"]
-    assert ctx["pipelines"] == 2 and ctx["id"] == me, ctx  # every worker its own shard
+    if mode == "lone":  # the only worker of its job: the one input pipeline
+        assert ctx["pipelines"] == 1 and ctx["id"] == 0, ctx
+    else:
+        assert ctx["pipelines"] == 2 and ctx["id"] == me, ctx  # every worker its own shard
     replicas = 2 if mode in ("all_reduce", "bsp", "sync_replicas") else 1
     assert ctx["per_replica_batch"] == 64 // replicas, ctx
 
@@ -85,8 +92,30 @@ def test_round_trips_and_preprocessing(matrix, mode):
         assert r["save_load_max_diff"] < 1e-5, r
         assert r["loaded_accuracy"] == pytest.approx(r["accuracy"], abs=1e-6)
         assert r["accuracy"] > 0.6, r
+    if mode == "all_reduce":  # the workers are one model (the script never called init_worker_group itself)
+        assert chief["loss"] == other["loss"], (chief, other)
     # only the chief adapted Normalization; the other worker computes with the chief's statistics
     assert chief["norm_matches_data"] and other["norm_matches_data"], (chief["norm_mean"], other["norm_mean"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("me", [0, 1])
+def test_a_two_input_two_output_model_behaves_as_in_plain_keras(matrix, mode, me):
+    """Dict inputs/outputs, per-output losses and metrics, AdamW: fit, evaluate, predict, batch methods, save/load."""
+    r = _ok(matrix, mode, me)["multi_io"]
+    assert r["epochs"] == 2 and all(math.isfinite(v) for v in r["loss"]), r
+    assert {"val_loss", "val_digit_accuracy", "val_odd_auc", "digit_loss", "odd_loss"} <= set(r["history_keys"]), r
+    # train_on_batch's list is plain Keras's: loss, the two output losses, accuracy, AUC (no ps_* statistics)...
+    assert len(r["train_on_batch"]) == 5 and len(r["test_on_batch"]) == 5, r
+    # ...while return_dict=True, like fit's logs, carries them (PS strategies)
+    stats = {k for k in r["train_on_batch_dict"] if k.startswith("ps_")}
+    assert stats == (set() if mode == "all_reduce" else {"ps_step", "ps_dropped", "ps_waits", "ps_staleness",
+                                                         "ps_refreshes"}), r
+    assert r["predict_on_batch"] == {"digit": [32, 10], "odd": [32, 1]}, r
+    assert r["predict"] == {"digit": [359, 10], "odd": [359, 1]}, r
+    assert sorted(r["evaluate"]) == ["digit_accuracy", "digit_loss", "loss", "odd_auc", "odd_loss"], r
+    assert r["evaluate"]["digit_accuracy"] > 0.25, r  # it learned (chance: 0.1; 12-18 steps, BatchNorm warming up)
+    assert r["save_load_max_diff"] < 1e-5, r
 
 
 @pytest.mark.parametrize("mode", [m for m in MODES if m != "all_reduce"])

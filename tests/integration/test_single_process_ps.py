@@ -107,3 +107,30 @@ def test_run_eagerly_steps_are_training_not_local_writes(no_cluster, monkeypatch
         assert strategy.ps_status()[0]["worker_batches"] == {"0": 10}
     finally:
         strategy.shutdown()
+
+
+def test_train_on_batch_returns_what_plain_keras_returns(no_cluster):
+    """The ps_* statistics join fit's logs and return_dict=True, not train_on_batch's list (or its lone loss)."""
+    import keras
+
+    import tfdist
+
+    x, y = np.ones((16, 4), np.float32), np.zeros((16,), np.int64)
+
+    def build(metrics):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+        model.compile("sgd", "sparse_categorical_crossentropy", metrics=metrics)
+        return model
+
+    plain = [build([]).train_on_batch(x, y), build(["accuracy"]).train_on_batch(x, y)]
+    strategy = tfdist.ParameterServerStrategy()
+    try:
+        with strategy.scope():
+            bare, with_accuracy = build([]), build(["accuracy"])
+        got = [bare.train_on_batch(x, y), with_accuracy.train_on_batch(x, y)]
+        as_dict = with_accuracy.train_on_batch(x, y, return_dict=True)
+    finally:
+        strategy.shutdown()
+    assert isinstance(plain[0], float) and isinstance(got[0], float), (plain, got)  # a lone loss stays a number
+    assert len(plain[1]) == len(got[1]) == 2, (plain, got)  # [loss, accuracy]
+    assert {"loss", "accuracy", "ps_step", "ps_dropped", "ps_waits", "ps_staleness", "ps_refreshes"} == set(as_dict)

@@ -23,6 +23,52 @@ def test_jit_compile_is_refused_with_the_fix(make):
             strategy.shutdown()
 
 
+@pytest.mark.parametrize("make", ["bsp", "sync_replicas"])
+def test_dynamic_loss_scaling_is_refused_by_the_synchronous_ps_modes(make):
+    """mixed_float16 on the gradient path: each worker would decide alone to skip an overflowing step.
+
+    The job is described, never contacted: the refusal comes while the first step traces.
+    """
+    import keras
+
+    import tfdist
+    from tfdist.errors import ConfigError
+
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    kwargs = dict(cluster=cluster, task="worker:0", token="t")
+    strategy = (tfdist.BSPStrategy(**kwargs) if make == "bsp"
+                else tfdist.SyncReplicasStrategy(replicas_to_aggregate=1, **kwargs))
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+            model.compile(keras.optimizers.SGD(0.1), "mse")
+        with pytest.raises(ConfigError, match=r"dynamic loss scaling.*mixed_bfloat16"):
+            model.fit(np.zeros((8, 4), np.float32), np.zeros((8, 3), np.float32), verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+        strategy.shutdown()
+
+
+def test_mixed_float16_counts_each_step_once_in_a_single_process():
+    """LossScaleOptimizer calls call_for_each_replica from inside the step: part of the step, not a second one."""
+    import keras
+
+    import tfdist
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    strategy = tfdist.ParameterServerStrategy()
+    try:
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+            model.compile(keras.optimizers.SGD(0.1), "mse")
+        history = model.fit(np.ones((64, 4), np.float32), np.ones((64, 3), np.float32), batch_size=8, verbose=0)
+        assert history.history["ps_step"] == [8.0]
+        assert strategy.ps_status()[0]["worker_batches"] == {"0": 8}  # the PS heard of 8 batches, not 16
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+        strategy.shutdown()
+
 
 _LEGACY = """
 import os

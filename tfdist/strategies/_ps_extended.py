@@ -25,10 +25,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist._tf_compat import OneDeviceExtended, in_xla_compilation, keras_variable_owner, refuse_legacy_keras
+from tfdist._tf_compat import (OneDeviceExtended, in_xla_compilation, is_loss_scale_check, keras_variable_owner,
+                                refuse_legacy_keras)
 from tfdist.errors import ConfigError
 from tfdist.strategies._input_context import with_input_context, worker_input_context
-from tfdist.strategies._ps_runtime import STAT_NAMES, PSRuntime
+from tfdist.strategies._ps_runtime import STAT_NAMES, GradientPathRuntime, PSRuntime
 
 __all__ = ["ParameterServerExtended"]
 
@@ -40,6 +41,7 @@ class ParameterServerExtended(OneDeviceExtended):
         super().__init__(container_strategy, device)
         self._runtime = runtime
         self._tracing_training_step = False
+        self._in_step = False  # a step is being traced (or run eagerly): nested calls are part of it
 
     @property
     def _num_replicas_in_sync(self):
@@ -92,6 +94,25 @@ class ParameterServerExtended(OneDeviceExtended):
                 "model.compile(..., jit_compile=True). Compile with jit_compile=False (or leave it at 'auto')."
             )
         runtime = self._runtime
+        if self._in_step:
+            # A call from inside the step (LossScaleOptimizer's finiteness check and apply): part of it, not a step.
+            if is_loss_scale_check(fn) and isinstance(runtime, GradientPathRuntime) and runtime.config.starting_workers > 1:
+                raise ConfigError(
+                    f"{type(self._container_strategy()).__name__} cannot train with dynamic loss scaling "
+                    "(keras.mixed_precision 'mixed_float16', LossScaleOptimizer): each worker decides alone "
+                    "whether its gradients overflowed and skips the step, so the synchronous workers would "
+                    "disagree on which steps exist. Use the 'mixed_bfloat16' policy (no loss scaling), an "
+                    "update-path strategy (async, SSP, DTSSP) or tfdist.AllReduceStrategy."
+                )
+            return super()._call_for_each_replica(fn, args, kwargs)
+        self._in_step = True
+        try:
+            return self._step(fn, args, kwargs)
+        finally:
+            self._in_step = False
+
+    def _step(self, fn, args, kwargs):
+        runtime = self._runtime
         if runtime.local_only():
             # One process, nothing to exchange: Keras's step and a step counter (README "Single process").
             self._tracing_training_step = False
@@ -132,3 +153,34 @@ def _with_stats(result, stats: tf.Tensor):
     for i, name in enumerate(STAT_NAMES):
         result[name] = stats[i]
     return result
+
+
+_original_flatten = None
+
+
+def install_plain_batch_results() -> None:
+    """``train_on_batch`` returns what plain Keras returns: the model's metrics, without the ``ps_*`` statistics.
+
+    Keras flattens a step's logs into a list for ``train_on_batch`` (without
+    ``return_dict``) by putting the model's metrics first and then *every
+    other* log key, so the five ``ps_*`` statistics a training step adds would
+    lengthen the list (``loss, acc = model.train_on_batch(...)`` would fail,
+    and a model without metrics would get a list instead of its loss). The
+    statistics stay in ``return_dict=True``, ``fit``'s logs and History.
+    Runs once, when a parameter-server strategy is created; a metric of the
+    model that happens to be named like a statistic is kept.
+    """
+    global _original_flatten
+    if _original_flatten is not None:
+        return
+    _original_flatten = keras.Model._flatten_metrics_in_order
+
+    def _flatten_metrics_in_order(self, logs):
+        if isinstance(logs, dict) and any(name in logs for name in STAT_NAMES):
+            names = set()
+            for metric in self.metrics:
+                names.update(getattr(sub, "name", None) for sub in getattr(metric, "metrics", None) or [metric])
+            logs = {k: v for k, v in logs.items() if k not in STAT_NAMES or k in names}
+        return _original_flatten(self, logs)
+
+    keras.Model._flatten_metrics_in_order = _flatten_metrics_in_order

@@ -35,9 +35,11 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfdist._tf_compat import (OneDeviceExtended, StrategyBase, in_xla_compilation, keras_variable_owner,
-                               refuse_legacy_keras)
-from tfdist.collective import DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup, get_worker_group
+from tfdist._tf_compat import (OneDeviceExtended, StrategyBase, in_xla_compilation, is_loss_scale_check,
+                               keras_variable_owner, refuse_legacy_keras)
+from tfdist.collective import (DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup, get_worker_group,
+                               init_worker_group)
+from tfdist.collective.group import _training_tasks
 from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError
 from tfdist.strategies._derived_state import DerivedStateLayers
@@ -116,12 +118,17 @@ class _AllReduceRuntime(StragglerEngine):
         self._begun = time.perf_counter()
         return True
 
-    def reduce_params(self, count: int) -> tuple[np.int32, np.int32, np.int32, np.float64]:
-        """``(group_size, group_key, first instance_key, scale)`` of this step's gradient all-reduce."""
+    def reduce_params(self, count: int, timed: bool = True) -> tuple[np.int32, np.int32, np.int32, np.float64]:
+        """``(group_size, group_key, first instance_key, scale)`` of this step's gradient all-reduce.
+
+        ``timed``: this is the step's gradient all-reduce (its start ends the step's compute); ``False`` for
+        another collective of the step (the loss-scale finiteness vote).
+        """
         now = time.perf_counter()
-        if self._begun:
+        if timed and self._begun:
             self._recent = (self._recent + [now - self._begun])[-5:]
-        self._reduce_start = now
+        if timed:
+            self._reduce_start = now
         members = self.members
         if len(members) == 1:
             return np.int32(1), np.int32(0), np.int32(0), np.float64(self.size)
@@ -175,6 +182,7 @@ class AllReduceExtended(OneDeviceExtended):
         super().__init__(container_strategy, device)
         self._runtime = runtime
         self._tracing_training_step = False
+        self._in_step = False  # a step is being traced (or run eagerly): nested calls are part of it
 
     @property
     def _num_replicas_in_sync(self):
@@ -239,7 +247,38 @@ class AllReduceExtended(OneDeviceExtended):
         self._tracing_training_step = True
         return super()._update(var, fn, args, kwargs, group)
 
+    def _agree_on_finite(self, finite: tf.Tensor) -> tf.Tensor:
+        """``LossScaleOptimizer``'s overflow check, made the members' joint answer (all finite, or none applies).
+
+        Keras checks each replica's own gradients before they are reduced, so workers could disagree on
+        whether to apply (and then on which all-reduces exist): one worker's overflow skips the step on all.
+        """
+        runtime = self._runtime
+        size, key, instance, _ = tf.py_function(lambda: runtime.reduce_params(1, timed=False), [],
+                                                [tf.int32, tf.int32, tf.int32, tf.float64],
+                                                name="tfdist_allreduce_finite_params")
+        flag = tf.reshape(tf.cast(finite, tf.float32), [1])
+
+        def vote():
+            return tf.raw_ops.CollectiveReduceV2(
+                input=flag, group_size=size, group_key=key, instance_key=instance, ordering_token=[],
+                merge_op="Min", final_op="Id", timeout_seconds=runtime.timeout_s)
+
+        return tf.reshape(tf.cond(size > 1, vote, lambda: tf.identity(flag)), []) > 0.5
+
     def _call_for_each_replica(self, fn, args, kwargs):
+        if self._in_step:  # a call from inside the step (LossScaleOptimizer's check and apply): part of it
+            result = super()._call_for_each_replica(fn, args, kwargs)
+            if is_loss_scale_check(fn) and self._runtime.size > 1:
+                result = self._agree_on_finite(result)
+            return result
+        self._in_step = True
+        try:
+            return self._step(fn, args, kwargs)
+        finally:
+            self._in_step = False
+
+    def _step(self, fn, args, kwargs):
         if in_xla_compilation():
             raise ConfigError(
                 "AllReduceStrategy cannot run a step compiled with XLA: it decides membership in a "
@@ -311,8 +350,12 @@ class AllReduceStrategy(StrategyBase):
 
     Args:
         group: The :class:`tfdist.collective.WorkerGroup`. Defaults to the one
-            :func:`tfdist.collective.init_worker_group` set up; without one
-            (no ``TF_CONFIG``) the strategy trains as a single worker.
+            :func:`tfdist.collective.init_worker_group` set up. In a job of
+            several workers whose script did not set one up, the strategy
+            joins the group itself, which TF allows only before its first op:
+            otherwise it raises :class:`tfdist.collective.CollectiveSetupError`
+            saying so (never trains alone). Without a cluster (no
+            ``TF_CONFIG``) the strategy trains as a single worker.
         exclude_stragglers: Leave the workers the detector flags out of the
             all-reduce. ``False`` gives plain synchronous training (the
             detector still detects). Defaults to ``True``.
@@ -334,6 +377,11 @@ class AllReduceStrategy(StrategyBase):
         slowdown: Slowdown | Any | None = None,
     ):
         group = group or get_worker_group()
+        if group is None and _training_tasks() > 1:
+            # The job has several workers (TF_CONFIG) but the script did not join their group: join it now
+            # (possible while TF has run no op; otherwise a CollectiveSetupError says to call
+            # tfdist.collective.init_worker_group() first). Training alone here would be silently wrong.
+            group = init_worker_group()
         if group is None:
             from tfdist.collective.group import WorkerGroup as _Group
             from tfdist.collective.membership import resolve_group

@@ -1,8 +1,8 @@
 """Worker script of the Keras-conventions matrix (issue #15): every common Keras feature under every strategy.
 
-Usage: keras_matrix_worker.py --out DIR [--modes all_reduce,async,ssp,dtssp,bsp,sync_replicas]
+Usage: keras_matrix_worker.py --out DIR [--modes all_reduce,async,ssp,dtssp,bsp,sync_replicas,lone]
 
-Runs in each of the 2 worker processes of a ``LocalCluster(workers=2, ps=5)``.
+Runs in each of the 2 worker processes of a ``LocalCluster(workers=2, ps=7)``.
 The strategies run one after the other in this process, each on a job of its
 own: ``AllReduceStrategy`` first (TF's collectives must be configured before
 the process runs any TF op), then each PS mode with one PS task of the
@@ -17,10 +17,20 @@ Dense → Dense) on digits:
   ReduceLROnPlateau, LearningRateScheduler, CSVLogger;
 * round trips: evaluate, predict, ``model.save`` + ``load_model``;
 * a stateful preprocessing layer (``Normalization``) adapted on the chief only;
+* a functional model with two inputs and two outputs (dict inputs, per-output
+  losses, loss weights and metrics, BatchNormalization, Dropout) and AdamW:
+  ``fit`` with ``validation_split`` and per-output sample weights,
+  ``evaluate(return_dict=True)``, ``predict``, ``train_on_batch`` /
+  ``test_on_batch`` / ``predict_on_batch`` (the same results as plain Keras
+  gives: no ``ps_*`` statistics in the list), save and ``load_model``;
 * PS modes: tables (a ``ShardedEmbedding`` and a ``keras.layers.Embedding``
   above ``ps.resident_threshold_bytes``, both PS-resident, and a small
   replicated ``Embedding``): fit, evaluate, predict, save, and the saved
   model loaded into plain Keras outside the strategy.
+
+Mode ``lone``: each worker process is the only worker of a job of its own
+(``ParameterServerStrategy`` with one worker and one PS task: the lone-worker
+path, README "How it works"), the two jobs side by side.
 
 Writes ``<out>/<mode>-worker-<id>.json`` with what the test asserts, or the
 error of the first case that failed (``"error"``, with its traceback).
@@ -35,7 +45,7 @@ import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tfdist.collective  # noqa: E402  (no TF op before the all-reduce group is configured)
+import tfdist  # noqa: E402  (no TF op before AllReduceStrategy joins the collective group)
 
 STEPS, BATCH, EPOCHS, LR = 6, 32, 3, 1e-2
 #: The tables case: a ShardedEmbedding and a keras.layers.Embedding over ps.resident_threshold_bytes (both on
@@ -43,11 +53,15 @@ STEPS, BATCH, EPOCHS, LR = 6, 32, 3, 1e-2
 VOCAB, RESIDENT_THRESHOLD = 200, 4096
 
 
-def make_strategy(mode, cluster, me, token, ps_index, group):
+def make_strategy(mode, cluster, me, token, ps_index):
     import tfdist
 
-    if mode == "all_reduce":
-        return tfdist.AllReduceStrategy(group=group)
+    if mode == "all_reduce":  # no init_worker_group() in this script: the strategy joins the job's group itself
+        return tfdist.AllReduceStrategy()
+    if mode == "lone":  # a job of its own per worker process: one worker, one PS task
+        return tfdist.ParameterServerStrategy(
+            cluster={"worker": [cluster["worker"][me]], "ps": [cluster["ps"][ps_index + me]]}, task="worker:0",
+            token=token, config={"ps": {"resident_threshold_bytes": RESIDENT_THRESHOLD}})
     one = dict(cluster={"worker": cluster["worker"], "ps": [cluster["ps"][ps_index]]}, task=f"worker:{me}",
                token=token, config={"ps": {"resident_threshold_bytes": RESIDENT_THRESHOLD}})
     return {
@@ -60,6 +74,7 @@ def make_strategy(mode, cluster, me, token, ps_index, group):
 
 
 def run_mode(mode, strategy, out, me, data):
+    """Every case under one strategy; ``me`` is this process's worker index (the file names, the data shard)."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -76,6 +91,7 @@ def run_mode(mode, strategy, out, me, data):
             return self.x[i * BATCH:(i + 1) * BATCH], self.y[i * BATCH:(i + 1) * BATCH]
 
     x, y = data.x_train.reshape(-1, 64), data.y_train
+    job_me = 0 if mode == "lone" else me  # the worker's index in its job
     xs, ys = x[me::2], y[me::2]
     xt, yt = data.x_test.reshape(-1, 64), data.y_test
     work = os.path.join(out, f"{mode}-{me}")
@@ -84,12 +100,13 @@ def run_mode(mode, strategy, out, me, data):
     cases = result["cases"]
 
     tables_model = build_tables_model(strategy) if hasattr(strategy, "tables") else None
+    multi_io_model = build_multi_io_model(strategy)  # every model is built before the job's first step
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = keras.Sequential([keras.Input((64,)), keras.layers.Normalization(name="norm"),
                                   keras.layers.Dense(16, activation="relu", name="hidden"),
                                   keras.layers.Dense(10, activation="softmax", name="out")], name="model")
-        if me == 0:  # stateful preprocessing: only the chief adapts; its statistics become the job's
+        if job_me == 0:  # stateful preprocessing: only the chief adapts; its statistics become the job's
             model.get_layer("norm").adapt(x)
         model.compile(keras.optimizers.Adam(LR, name="adam"), "sparse_categorical_crossentropy",
                       metrics=["accuracy"])
@@ -161,9 +178,69 @@ def run_mode(mode, strategy, out, me, data):
         "norm_mean": np.asarray(norm.mean).ravel()[:8].tolist(),
         "norm_matches_data": bool(np.allclose(np.asarray(norm.mean).ravel(), x.mean(axis=0), atol=1e-4)),
     }
+    cases["multi_io"] = run_multi_io(multi_io_model, xs, ys, xt, yt, work)
     if tables_model is not None:
         cases["tables"] = run_tables(strategy, tables_model, work, me)
     return result
+
+
+def build_multi_io_model(strategy):
+    """Two inputs, two outputs, AdamW: the model a demanding Keras user tries first (issue #15)."""
+    import keras
+
+    keras.utils.set_random_seed(5)
+    with strategy.scope():
+        a, b = keras.Input((32,), name="a"), keras.Input((32,), name="b")
+        h = keras.layers.Concatenate()([a, b])
+        h = keras.layers.Dense(32, activation="relu")(h)
+        h = keras.layers.Dropout(0.1)(keras.layers.BatchNormalization()(h))
+        model = keras.Model({"a": a, "b": b}, {"digit": keras.layers.Dense(10, activation="softmax", name="digit")(h),
+                                               "odd": keras.layers.Dense(1, activation="sigmoid", name="odd")(h)})
+        model.compile(keras.optimizers.AdamW(LR, weight_decay=1e-3),
+                      loss={"digit": "sparse_categorical_crossentropy", "odd": "binary_crossentropy"},
+                      loss_weights={"digit": 1.0, "odd": 0.5},
+                      metrics={"digit": ["accuracy"], "odd": [keras.metrics.AUC(name="auc")]})
+    return model
+
+
+def run_multi_io(model, xs, ys, xt, yt, work):
+    """Dict inputs and outputs through fit, evaluate, predict, the batch methods, save and load_model."""
+    import keras
+    import numpy as np
+
+    def inputs(x):
+        return {"a": x[:, :32], "b": x[:, 32:]}
+
+    def targets(y):
+        return {"digit": y, "odd": (y % 2).astype("float32")}
+
+    n = STEPS * BATCH  # the same number of steps on both workers (the sync modes step together)
+    history = model.fit(inputs(xs[:n]), targets(ys[:n]), batch_size=BATCH, epochs=2, validation_split=0.25,
+                        verbose=0)
+    weights = {"digit": np.ones(n, "float32"), "odd": np.full(n, 0.5, "float32")}
+    weighted = model.fit(inputs(xs[:n]), targets(ys[:n]), sample_weight=weights, batch_size=BATCH, epochs=1,
+                         verbose=0)
+    batch_x, batch_y = inputs(xs[:BATCH]), targets(ys[:BATCH])
+    on_batch = model.train_on_batch(batch_x, batch_y)
+    on_batch_dict = model.train_on_batch(batch_x, batch_y, return_dict=True)
+    tested = model.test_on_batch(batch_x, batch_y)
+    predicted_batch = model.predict_on_batch(batch_x)
+    evaluated = model.evaluate(inputs(xt), targets(yt), verbose=0, return_dict=True)
+    predictions = model.predict(inputs(xt), verbose=0)
+    path = os.path.join(work, "multi_io.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    loaded_predictions = loaded.predict(inputs(xt), verbose=0)
+    return {
+        "history_keys": sorted(history.history), "epochs": len(history.history["loss"]),
+        "loss": [float(v) for v in history.history["loss"] + weighted.history["loss"]],
+        "train_on_batch": [float(v) for v in on_batch], "train_on_batch_dict": sorted(on_batch_dict),
+        "test_on_batch": [float(v) for v in tested],
+        "predict_on_batch": {k: list(v.shape) for k, v in predicted_batch.items()},
+        "evaluate": {k: float(v) for k, v in evaluated.items()},
+        "predict": {k: list(v.shape) for k, v in predictions.items()},
+        "save_load_max_diff": max(float(np.max(np.abs(loaded_predictions[k] - predictions[k]))) for k in predictions),
+    }
 
 
 def build_tables_model(strategy):
@@ -225,13 +302,12 @@ def run_tables(strategy, model, work, me):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--modes", default="all_reduce,async,ssp,dtssp,bsp,sync_replicas")
+    p.add_argument("--modes", default="all_reduce,async,ssp,dtssp,bsp,sync_replicas,lone")
     args = p.parse_args()
     tf_config = json.loads(os.environ["TF_CONFIG"])
     cluster, me = tf_config["cluster"], tf_config["task"]["index"]
     token = os.environ["TFDIST_TOKEN"]
     modes = args.modes.split(",")
-    group = tfdist.collective.init_worker_group(timeout_s=60) if "all_reduce" in modes else None
     import keras
 
     from tfdist.datasets import load_digits
@@ -245,14 +321,14 @@ def main():
         path = os.path.join(args.out, f"{mode}-worker-{me}.json")
         strategy = None
         try:
-            strategy = make_strategy(mode, cluster, me, token, ps_index, group)
+            strategy = make_strategy(mode, cluster, me, token, ps_index)
             result = run_mode(mode, strategy, args.out, me, data)
         except Exception as e:  # noqa: BLE001 - reported to the test, which names the case
             result = {"mode": mode, "worker": me, "error": f"{type(e).__name__}: {e}",
                       "traceback": traceback.format_exc()[-4000:]}
         finally:
             if mode != "all_reduce":
-                ps_index += 1
+                ps_index += 2 if mode == "lone" else 1  # lone: a PS task per worker process
                 if strategy is not None:
                     strategy.shutdown()
         with open(path + ".tmp", "w") as f:
