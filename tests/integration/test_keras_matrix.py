@@ -118,6 +118,17 @@ def test_a_two_input_two_output_model_behaves_as_in_plain_keras(matrix, mode, me
     assert r["save_load_max_diff"] < 1e-5, r
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_custom_training_loop_with_strategy_run(matrix, mode):
+    """experimental_distribute_dataset + strategy.run + apply_gradients (optimizer built in the step) + reduce."""
+    runs = [_ok(matrix, mode, me)["custom_loop"] for me in (0, 1)]
+    for r in runs:
+        assert r["iterations"] == 3 * STEPS and all(math.isfinite(v) for v in r["losses"]), r
+        assert sum(r["losses"][-STEPS:]) < sum(r["losses"][:STEPS]), r  # it learns
+    if mode in ("all_reduce", "bsp", "sync_replicas"):  # synchronous: the two workers are one model
+        assert runs[0]["hash"] == runs[1]["hash"], runs
+
+
 @pytest.mark.parametrize("mode", [m for m in MODES if m != "all_reduce"])
 @pytest.mark.parametrize("me", [0, 1])
 def test_ps_resident_tables_work_in_every_ps_mode(matrix, mode, me):

@@ -134,3 +134,44 @@ def test_train_on_batch_returns_what_plain_keras_returns(no_cluster):
     assert isinstance(plain[0], float) and isinstance(got[0], float), (plain, got)  # a lone loss stays a number
     assert len(plain[1]) == len(got[1]) == 2, (plain, got)  # [loss, accuracy]
     assert {"loss", "accuracy", "ps_step", "ps_dropped", "ps_waits", "ps_staleness", "ps_refreshes"} == set(as_dict)
+
+
+@pytest.mark.parametrize("make", ["async", "bsp"])
+def test_a_custom_loop_whose_optimizer_is_built_by_its_first_step(no_cluster, make):
+    """strategy.run + apply_gradients, the optimizer unbuilt before the job's first step (its slots are
+    created while the step traces). BSP keeps optimizer slots on the PS: it initialised the PS from slots
+    TF had not initialised yet ("value ... is float32[0]") and failed the first step."""
+    import keras
+    import tensorflow as tf
+
+    import tfdist
+
+    strategy = tfdist.ParameterServerStrategy() if make == "async" else tfdist.BSPStrategy()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    y = (x @ rng.normal(size=(8, 4))).astype(np.float32)
+    try:
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+            optimizer = keras.optimizers.Adam(0.05)
+
+        @tf.function
+        def step(xb, yb):
+            def replica(xb, yb):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((model(xb, training=True) - yb) ** 2)
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                return loss
+
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica, args=(xb, yb)), axis=None)
+
+        losses = [float(step(x, y)) for _ in range(20)]
+        assert losses[-1] < 0.5 * losses[0], losses
+        assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == 20
+        local = [np.array(w) for w in model.get_weights()]
+        strategy.pull(keep_local_writes=False)  # the job's values are the ones the loop trained
+        for got, want in zip(model.get_weights(), local):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    finally:
+        strategy.shutdown()

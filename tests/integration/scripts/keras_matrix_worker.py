@@ -23,6 +23,10 @@ Dense → Dense) on digits:
   ``evaluate(return_dict=True)``, ``predict``, ``train_on_batch`` /
   ``test_on_batch`` / ``predict_on_batch`` (the same results as plain Keras
   gives: no ``ps_*`` statistics in the list), save and ``load_model``;
+* a custom training loop in the tf.distribute style: ``experimental_distribute_dataset``,
+  ``strategy.run`` of a step that applies its gradients with
+  ``optimizer.apply_gradients`` (the optimizer built by that first call),
+  ``strategy.reduce`` of the loss;
 * PS modes: tables (a ``ShardedEmbedding`` and a ``keras.layers.Embedding``
   above ``ps.resident_threshold_bytes``, both PS-resident, and a small
   replicated ``Embedding``): fit, evaluate, predict, save, and the saved
@@ -101,6 +105,10 @@ def run_mode(mode, strategy, out, me, data):
 
     tables_model = build_tables_model(strategy) if hasattr(strategy, "tables") else None
     multi_io_model = build_multi_io_model(strategy)  # every model is built before the job's first step
+    keras.utils.set_random_seed(6)
+    with strategy.scope():
+        loop_model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                                       keras.layers.Dense(10)], name="loop_model")
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = keras.Sequential([keras.Input((64,)), keras.layers.Normalization(name="norm"),
@@ -179,6 +187,7 @@ def run_mode(mode, strategy, out, me, data):
         "norm_matches_data": bool(np.allclose(np.asarray(norm.mean).ravel(), x.mean(axis=0), atol=1e-4)),
     }
     cases["multi_io"] = run_multi_io(multi_io_model, xs, ys, xt, yt, work)
+    cases["custom_loop"] = run_custom_loop(strategy, loop_model, xs, ys, me)
     if tables_model is not None:
         cases["tables"] = run_tables(strategy, tables_model, work, me)
     return result
@@ -241,6 +250,38 @@ def run_multi_io(model, xs, ys, xt, yt, work):
         "predict": {k: list(v.shape) for k, v in predictions.items()},
         "save_load_max_diff": max(float(np.max(np.abs(loaded_predictions[k] - predictions[k]))) for k in predictions),
     }
+
+
+def run_custom_loop(strategy, model, xs, ys, me):
+    """A tf.distribute custom loop: strategy.run of a step applying its own gradients, strategy.reduce."""
+    import hashlib
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    with strategy.scope():
+        optimizer = keras.optimizers.Adam(LR)  # not built: its first apply_gradients builds it, inside the step
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    global_batch = BATCH * strategy.num_replicas_in_sync
+    ds = tf.data.Dataset.from_tensor_slices((xs, ys)).shuffle(256, seed=me).repeat().batch(BATCH)
+    batches = iter(strategy.experimental_distribute_dataset(ds))
+
+    @tf.function
+    def train_step(x, y):
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)), global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=(x, y)), axis=None)
+
+    losses = [float(train_step(*next(batches))) for _ in range(3 * STEPS)]
+    weights = b"".join(np.asarray(w).tobytes() for w in model.get_weights())
+    return {"losses": losses, "iterations": int(keras.ops.convert_to_numpy(optimizer.iterations)),
+            "hash": hashlib.sha256(weights).hexdigest()}
 
 
 def build_tables_model(strategy):
