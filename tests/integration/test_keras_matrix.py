@@ -132,7 +132,7 @@ def test_a_custom_training_loop_with_strategy_run(matrix, mode):
 @pytest.mark.parametrize("mode", [m for m in MODES if m != "all_reduce"])
 @pytest.mark.parametrize("me", [0, 1])
 def test_ps_resident_tables_work_in_every_ps_mode(matrix, mode, me):
-    """A ShardedEmbedding and an Embedding above ps.resident_threshold_bytes live on the PS; saved, they load plainly."""
+    """A ShardedEmbedding and an Embedding above ps.resident_threshold_bytes live on the PS; saved, load plainly."""
     t = _ok(matrix, mode, me)["tables"]
     assert t["tables"] == [[200, 4], [200, 8]], t  # both on the PS; the small Embedding is not
     assert [200, 8] not in t["local_shapes"] and [16, 2] in t["local_shapes"], t

@@ -34,3 +34,25 @@ def test_fit_with_the_tensorboard_callback_writes_the_exchange_counters(tmp_path
         strategy.shutdown()
     tags = _scalar_tags(tmp_path / "tb")
     assert {"epoch_loss", "epoch_ps_step", "epoch_ps_waits", "epoch_ps_refreshes"} <= tags, sorted(tags)
+
+
+def test_the_straggler_and_staleness_metrics_are_tensorboard_scalars(tmp_path):
+    """Per worker: the detector's epoch entries (StragglerDetector listed before TensorBoard) and ps_staleness."""
+    import keras
+
+    import tfdist
+
+    strategy = tfdist.SSPStrategy(staleness=2)  # no cluster: an in-process PS
+    try:
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+            model.compile("sgd", "sparse_categorical_crossentropy")
+        rng = np.random.default_rng(0)
+        x, y = rng.random((64, 4), dtype=np.float32), rng.integers(0, 3, 64)
+        detector = tfdist.callbacks.StragglerDetector(warmup_iterations=0)
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                  callbacks=[detector, keras.callbacks.TensorBoard(str(tmp_path / "tb"))])
+    finally:
+        strategy.shutdown()
+    tags = _scalar_tags(tmp_path / "tb")
+    assert {"epoch_straggler_count", "epoch_straggler_threshold", "epoch_ps_staleness"} <= tags, sorted(tags)

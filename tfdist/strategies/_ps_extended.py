@@ -104,7 +104,8 @@ class ParameterServerExtended(OneDeviceExtended):
         runtime = self._runtime
         if self._in_step:
             # A call from inside the step (LossScaleOptimizer's finiteness check and apply): part of it, not a step.
-            if is_loss_scale_check(fn) and isinstance(runtime, GradientPathRuntime) and runtime.config.starting_workers > 1:
+            synchronous = isinstance(runtime, GradientPathRuntime) and runtime.config.starting_workers > 1
+            if synchronous and is_loss_scale_check(fn):
                 raise ConfigError(
                     f"{type(self._container_strategy()).__name__} cannot train with dynamic loss scaling "
                     "(keras.mixed_precision 'mixed_float16', LossScaleOptimizer): each worker decides alone "

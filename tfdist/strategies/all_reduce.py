@@ -37,8 +37,8 @@ import tensorflow as tf
 
 from tfdist._tf_compat import (OneDeviceExtended, StrategyBase, in_xla_compilation, is_loss_scale_check,
                                keras_variable_owner, refuse_legacy_keras)
-from tfdist.collective import (DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup, get_worker_group,
-                               init_worker_group)
+from tfdist.collective import (DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup,
+                               get_worker_group, init_worker_group)
 from tfdist.collective.group import _training_tasks
 from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError

@@ -458,7 +458,7 @@ def _arm_exit_watchdog() -> None:
 
 
 class _ExcludeStragglers(StragglerEngine):
-    """The PS strategies' straggler engine: the reporting worker keeps the PS's excluded set equal to the flagged one."""
+    """The PS strategies' straggler engine: the reporting worker keeps the PS's excluded set = the stragglers."""
 
     def __init__(self, strategy: ParameterServerStrategy):
         self._strategy = strategy
