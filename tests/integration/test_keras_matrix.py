@@ -123,7 +123,7 @@ def test_a_custom_training_loop_with_strategy_run(matrix, mode):
     """experimental_distribute_dataset + strategy.run + apply_gradients (optimizer built in the step) + reduce."""
     runs = [_ok(matrix, mode, me)["custom_loop"] for me in (0, 1)]
     for r in runs:
-        assert r["iterations"] == 3 * STEPS and all(math.isfinite(v) for v in r["losses"]), r
+        assert r["iterations"] == 2 * STEPS and all(math.isfinite(v) for v in r["losses"]), r
         assert sum(r["losses"][-STEPS:]) < sum(r["losses"][:STEPS]), r  # it learns
     if mode in ("all_reduce", "bsp", "sync_replicas"):  # synchronous: the two workers are one model
         assert runs[0]["hash"] == runs[1]["hash"], runs

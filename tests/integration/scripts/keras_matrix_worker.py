@@ -186,7 +186,7 @@ def run_mode(mode, strategy, out, me, data):
         "norm_mean": np.asarray(norm.mean).ravel()[:8].tolist(),
         "norm_matches_data": bool(np.allclose(np.asarray(norm.mean).ravel(), x.mean(axis=0), atol=1e-4)),
     }
-    cases["multi_io"] = run_multi_io(multi_io_model, xs, ys, xt, yt, work)
+    cases["multi_io"] = run_multi_io(multi_io_model, xs, ys, xt, yt, work, me)
     cases["custom_loop"] = run_custom_loop(strategy, loop_model, xs, ys, me)
     if tables_model is not None:
         cases["tables"] = run_tables(strategy, tables_model, work, me)
@@ -212,7 +212,7 @@ def build_multi_io_model(strategy):
     return model
 
 
-def run_multi_io(model, xs, ys, xt, yt, work):
+def run_multi_io(model, xs, ys, xt, yt, work, me):
     """Dict inputs and outputs through fit, evaluate, predict, the batch methods, save and load_model."""
     import keras
     import numpy as np
@@ -232,6 +232,7 @@ def run_multi_io(model, xs, ys, xt, yt, work):
     batch_x, batch_y = inputs(xs[:BATCH]), targets(ys[:BATCH])
     on_batch = model.train_on_batch(batch_x, batch_y)
     on_batch_dict = model.train_on_batch(batch_x, batch_y, return_dict=True)
+    both_trained(work, me, "multi_io")  # the reads below see one model
     tested = model.test_on_batch(batch_x, batch_y)
     predicted_batch = model.predict_on_batch(batch_x)
     evaluated = model.evaluate(inputs(xt), targets(yt), verbose=0, return_dict=True)
@@ -278,7 +279,7 @@ def run_custom_loop(strategy, model, xs, ys, me):
 
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=(x, y)), axis=None)
 
-    losses = [float(train_step(*next(batches))) for _ in range(3 * STEPS)]
+    losses = [float(train_step(*next(batches))) for _ in range(2 * STEPS)]
     weights = b"".join(np.asarray(w).tobytes() for w in model.get_weights())
     return {"losses": losses, "iterations": int(keras.ops.convert_to_numpy(optimizer.iterations)),
             "hash": hashlib.sha256(weights).hexdigest()}
@@ -302,6 +303,22 @@ def build_tables_model(strategy):
     return model
 
 
+def both_trained(work, me, case):
+    """Waits (at most 120 s) until the other worker process finished training ``case`` too (a file barrier).
+
+    Under async a reader gets the PS's current values at every step: while the other worker still trains,
+    ``predict`` and the ``save`` after it would see different models.
+    """
+    mode = os.path.basename(work).rsplit("-", 1)[0]
+    open(os.path.join(work, os.pardir, f"{mode}-{case}-trained-{me}"), "w").close()
+    other = os.path.join(work, os.pardir, f"{mode}-{case}-trained-{1 - me}")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(other):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the other worker did not finish the {case} case within 120 s")
+        time.sleep(0.05)
+
+
 def run_tables(strategy, model, work, me):
     """PS-resident tables under this mode: fit, evaluate, predict, save, load into plain Keras."""
     import keras
@@ -314,14 +331,7 @@ def run_tables(strategy, model, work, me):
     history = model.fit(mine_ids, mine_y, batch_size=BATCH, epochs=1, verbose=0)
     # Both workers done training before the reads below: under async the other's steps would otherwise change
     # the table between this worker's predict and its save.
-    mode = os.path.basename(work).rsplit("-", 1)[0]
-    open(os.path.join(work, os.pardir, f"{mode}-tables-trained-{me}"), "w").close()
-    other = os.path.join(work, os.pardir, f"{mode}-tables-trained-{1 - me}")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(other):
-        if time.monotonic() > deadline:
-            raise TimeoutError("the other worker did not finish the tables case within 120 s")
-        time.sleep(0.05)
+    both_trained(work, me, "tables")
     strategy.pull()
     loss = model.evaluate(ids[:64], y[:64], verbose=0)
     predictions = model.predict(ids[:64], verbose=0)
