@@ -29,4 +29,6 @@ def test_fault_accuracy_benchmark_reports_both_runs(tmp_path):
     s = result["modes"]["async"]["stop"]
     assert len(s["undisturbed"]) == 1 and len(s["worker_stopped"]) == 1 and s["failed_runs"] == 0
     stopped = [r for r in result["runs"] if r["fault"] and r["fault_name"] == "stop"]
-    assert stopped[0]["stopped_s"] > 3.0 and stopped[0]["restarts"] == {}  # past the 3 s heart-beat timeout
+    # stopped until ps:0 gave up on it (the 3 s heart-beat timeout runs from its last heart-beat, which can be
+    # up to the 1 s interval before the SIGSTOP: the stop itself may last a little under 3 s)
+    assert stopped[0]["stopped_s"] >= stopped[0]["dead_after_s"] > 0 and stopped[0]["restarts"] == {}, stopped

@@ -232,8 +232,8 @@ def test_a_stopped_worker_rejoins(tmp_path, tmp_path_factory, scripts_dir, mode)
     results, _, restarts, logs, _ = _run(tmp_path, scripts_dir, mode, config, fault=stop, m=m,
                                          extra=["--pause-at", str(PAUSE_AT), "--pause-worker", "1"])
     assert restarts == {}
-    # its last heart-beat came at most one interval before the stop
-    assert seen["stopped_s"] > HEARTBEAT_TIMEOUT_S, seen
+    # stopped until the PS gave up on it; its last heart-beat came at most one interval before the stop
+    assert seen["stopped_s"] >= seen["dead_after_s"], seen
     assert seen["dead_after_s"] >= HEARTBEAT_TIMEOUT_S - HEARTBEAT_INTERVAL_S - 0.2, seen
     baseline = _baseline(tmp_path_factory, scripts_dir, mode, m)
     print(f"{mode}: accuracy {results[0]['accuracy']:.4f} with worker 1 stopped for {seen['stopped_s']:.1f} s "
