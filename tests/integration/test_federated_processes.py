@@ -17,13 +17,33 @@ pytestmark = pytest.mark.integration
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _stacks_if_slow(seconds=20.0):
+    """Every thread's stack on stderr if the set-up below takes longer than ``seconds`` (it goes on).
+
+    The first test's set-up took ~77 s in two full runs (sessions 7 and 9), never alone; this shows where.
+    """
+    import contextlib
+    import faulthandler
+
+    @contextlib.contextmanager
+    def guard():
+        faulthandler.dump_traceback_later(seconds, exit=False)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+    return guard()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _resource_tracker():
     """Starts multiprocessing's resource tracker (one per interpreter, lives until
     pytest exits) before the per-test leak check takes its snapshot."""
     from multiprocessing import resource_tracker
 
-    resource_tracker.ensure_running()
+    with _stacks_if_slow():
+        resource_tracker.ensure_running()
 
 
 @pytest.fixture
@@ -39,8 +59,9 @@ def no_children_left():
 
 @pytest.fixture(scope="module")
 def small():
-    (x, y), test = fl.load_digits_split(seed=0)
-    return fl.partition(x, y, num_clients=30, scheme="dirichlet", alpha=0.5, seed=0), test
+    with _stacks_if_slow():
+        (x, y), test = fl.load_digits_split(seed=0)
+        return fl.partition(x, y, num_clients=30, scheme="dirichlet", alpha=0.5, seed=0), test
 
 
 def _sim(data, test, num_workers, **kwargs):
