@@ -14,34 +14,37 @@ job's exchange path (``_ps_runtime.py``):
   gradient path matches exchanged gradients to variables);
 * ``_distribute_datasets_from_function``: the dataset function sees one
   input pipeline per training worker (``_input_context.py``);
-* ``_call_for_each_replica``: one step; a ``tf.py_function`` runs the
-  runtime's ``begin_step`` before it, and a training step ends with the
-  runtime's end-of-step (its statistics join the Keras logs).
+* ``_step`` (an outermost ``call_for_each_replica``, ``_steps.py``): one
+  step; a ``tf.py_function`` runs the runtime's ``begin_step`` before it,
+  and a training step ends with the runtime's end-of-step (its statistics
+  join the Keras logs). Calls from inside a step are part of it
+  (``_inside_step``: LossScaleOptimizer's).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist._tf_compat import (OneDeviceExtended, in_xla_compilation, is_loss_scale_check, keras_variable_owner,
-                                refuse_legacy_keras)
+from tfdist._tf_compat import in_xla_compilation, is_loss_scale_check, keras_variable_owner, refuse_legacy_keras
 from tfdist.errors import ConfigError
 from tfdist.strategies._input_context import with_input_context, worker_input_context
 from tfdist.strategies._ps_runtime import STAT_NAMES, GradientPathRuntime, PSRuntime
+from tfdist.strategies._steps import StepExtended
 
 __all__ = ["ParameterServerExtended"]
 
 
-class ParameterServerExtended(OneDeviceExtended):
+class ParameterServerExtended(StepExtended):
     """Hooks that route variables and steps through the parameter servers."""
 
     def __init__(self, container_strategy, runtime: PSRuntime, device: str = "/cpu:0"):
         super().__init__(container_strategy, device)
         self._runtime = runtime
         self._tracing_training_step = False
-        self._in_step = False  # a step is being traced (or run eagerly): nested calls are part of it
 
     @property
     def _num_replicas_in_sync(self):
@@ -56,14 +59,11 @@ class ParameterServerExtended(OneDeviceExtended):
         refuse_legacy_keras()
         name = str(kwargs.get("name") or "")
         on_ps = self._runtime.wants(name, kwargs)
-        if self._in_step:
-            # Created while a step traces (an optimizer built by its first apply_gradients in a custom loop):
-            # TF runs such initialisers in a function of their own before the step, and under the step's
-            # control dependency on the begin op that function would start the step (and initialise the PS
-            # from variables not initialised yet). The initial value needs nothing of the step.
-            with tf.control_dependencies(None):
-                var = super()._create_variable(next_creator, **kwargs)
-        else:
+        # Created while a step traces (an optimizer built by its first apply_gradients in a custom loop):
+        # TF runs such initialisers in a function of their own before the step, and under the step's
+        # control dependency on the begin op that function would start the step (and initialise the PS
+        # from variables not initialised yet). The initial value needs nothing of the step.
+        with tf.control_dependencies(None) if self._in_step else contextlib.nullcontext():
             var = super()._create_variable(next_creator, **kwargs)
         owner = keras_variable_owner()
         if isinstance(owner, keras.optimizers.Optimizer):
@@ -90,37 +90,30 @@ class ParameterServerExtended(OneDeviceExtended):
         registry = self._runtime.registry
         registry.stepping = True
         try:
-            return super()._call_for_each_replica(fn, args, kwargs)
+            return self._on_replica(fn, args, kwargs)
         finally:
             registry.stepping = False
 
-    def _call_for_each_replica(self, fn, args, kwargs):
+    def _inside_step(self, fn, args, kwargs):
+        runtime = self._runtime
+        synchronous = isinstance(runtime, GradientPathRuntime) and runtime.config.starting_workers > 1
+        if synchronous and is_loss_scale_check(fn):
+            raise ConfigError(
+                f"{type(self._container_strategy()).__name__} cannot train with dynamic loss scaling "
+                "(keras.mixed_precision 'mixed_float16', LossScaleOptimizer): each worker decides alone "
+                "whether its gradients overflowed and skips the step, so the synchronous workers would "
+                "disagree on which steps exist. Use the 'mixed_bfloat16' policy (no loss scaling), an "
+                "update-path strategy (async, SSP, DTSSP) or tfdist.AllReduceStrategy."
+            )
+        return super()._inside_step(fn, args, kwargs)
+
+    def _step(self, fn, args, kwargs):
         if in_xla_compilation():
             raise ConfigError(
                 f"{type(self._container_strategy()).__name__} cannot run a step compiled with XLA: it exchanges "
                 "with the parameter servers through tf.py_function, which XLA cannot compile. Received: "
                 "model.compile(..., jit_compile=True). Compile with jit_compile=False (or leave it at 'auto')."
             )
-        runtime = self._runtime
-        if self._in_step:
-            # A call from inside the step (LossScaleOptimizer's finiteness check and apply): part of it, not a step.
-            synchronous = isinstance(runtime, GradientPathRuntime) and runtime.config.starting_workers > 1
-            if synchronous and is_loss_scale_check(fn):
-                raise ConfigError(
-                    f"{type(self._container_strategy()).__name__} cannot train with dynamic loss scaling "
-                    "(keras.mixed_precision 'mixed_float16', LossScaleOptimizer): each worker decides alone "
-                    "whether its gradients overflowed and skips the step, so the synchronous workers would "
-                    "disagree on which steps exist. Use the 'mixed_bfloat16' policy (no loss scaling), an "
-                    "update-path strategy (async, SSP, DTSSP) or tfdist.AllReduceStrategy."
-                )
-            return super()._call_for_each_replica(fn, args, kwargs)
-        self._in_step = True
-        try:
-            return self._step(fn, args, kwargs)
-        finally:
-            self._in_step = False
-
-    def _step(self, fn, args, kwargs):
         runtime = self._runtime
         if runtime.local_only():
             # One process, nothing to exchange: Keras's step and a step counter (README "Single process").

@@ -35,8 +35,8 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfdist._tf_compat import (OneDeviceExtended, StrategyBase, in_xla_compilation, is_loss_scale_check,
-                               keras_variable_owner, refuse_legacy_keras)
+from tfdist._tf_compat import (StrategyBase, in_xla_compilation, is_loss_scale_check, keras_variable_owner,
+                               refuse_legacy_keras)
 from tfdist.collective import (DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup,
                                get_worker_group, init_worker_group)
 from tfdist.collective.group import _training_tasks
@@ -44,6 +44,7 @@ from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError
 from tfdist.strategies._derived_state import DerivedStateLayers
 from tfdist.strategies._input_context import with_input_context, worker_input_context
+from tfdist.strategies._steps import StepExtended
 from tfdist.straggler.membership import Participation, StragglerEngine
 from tfdist.slowdown import ENV_SLOWDOWN, Slowdown, slowdown_from_env
 
@@ -124,10 +125,10 @@ class _AllReduceRuntime(StragglerEngine):
         ``timed``: this is the step's gradient all-reduce (its start ends the step's compute); ``False`` for
         another collective of the step (the loss-scale finiteness vote).
         """
-        now = time.perf_counter()
-        if timed and self._begun:
-            self._recent = (self._recent + [now - self._begun])[-5:]
         if timed:
+            now = time.perf_counter()
+            if self._begun:
+                self._recent = (self._recent + [now - self._begun])[-5:]
             self._reduce_start = now
         members = self.members
         if len(members) == 1:
@@ -175,14 +176,13 @@ class _AllReduceRuntime(StragglerEngine):
                     source, sorted(joined), len(self.variables), time.perf_counter() - start)
 
 
-class AllReduceExtended(OneDeviceExtended):
+class AllReduceExtended(StepExtended):
     """Hooks: gradients all-reduced across the members of each step; non-members skip the step."""
 
     def __init__(self, container_strategy, runtime: _AllReduceRuntime, device: str = "/cpu:0"):
         super().__init__(container_strategy, device)
         self._runtime = runtime
         self._tracing_training_step = False
-        self._in_step = False  # a step is being traced (or run eagerly): nested calls are part of it
 
     @property
     def _num_replicas_in_sync(self):
@@ -266,17 +266,11 @@ class AllReduceExtended(OneDeviceExtended):
 
         return tf.reshape(tf.cond(size > 1, vote, lambda: tf.identity(flag)), []) > 0.5
 
-    def _call_for_each_replica(self, fn, args, kwargs):
-        if self._in_step:  # a call from inside the step (LossScaleOptimizer's check and apply): part of it
-            result = super()._call_for_each_replica(fn, args, kwargs)
-            if is_loss_scale_check(fn) and self._runtime.size > 1:
-                result = self._agree_on_finite(result)
-            return result
-        self._in_step = True
-        try:
-            return self._step(fn, args, kwargs)
-        finally:
-            self._in_step = False
+    def _inside_step(self, fn, args, kwargs):
+        result = super()._inside_step(fn, args, kwargs)
+        if is_loss_scale_check(fn) and self._runtime.size > 1:
+            result = self._agree_on_finite(result)
+        return result
 
     def _step(self, fn, args, kwargs):
         if in_xla_compilation():
@@ -294,7 +288,7 @@ class AllReduceExtended(OneDeviceExtended):
         traced: dict[str, Any] = {}
 
         def run():
-            result = super(AllReduceExtended, self)._call_for_each_replica(fn, args, kwargs)
+            result = self._on_replica(fn, args, kwargs)
             traced["result"] = result
             return result
 
