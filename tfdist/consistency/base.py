@@ -138,8 +138,16 @@ class ConsistencyPolicy:
         """Clock information every reply carries (SSP: ``min_clock``, ``staleness``). Defaults to none."""
         return {}
 
-    def on_read(self, worker: int, clock: int) -> None:
-        """Update path: ``worker`` reads before starting step ``clock`` (so it has completed ``clock`` steps)."""
+    def on_read(self, worker: int, clock: int):
+        """Update path: ``worker`` reads before starting step ``clock`` (so it has completed ``clock`` steps).
+
+        Returns:
+            ``None``, or a callable that takes the read back if it is then
+            refused (its wait ran out): it restores ``worker``'s own clock
+            only, and only if nothing moved it since, so what other workers
+            did meanwhile is kept.
+        """
+        return None
 
     def clock_of(self, worker: int) -> int | None:
         """The clock the policy holds for ``worker``, told to it on reads (``None``: the policy keeps none)."""

@@ -137,6 +137,8 @@ class DTSSPPolicy(SSPPolicy):
         self._counts = {int(k): int(v) for k, v in state.get("counts", {}).items()}
         self._window_loss = {int(k): float(v) for k, v in state.get("window_loss", {}).items()}
         self.changes = [StalenessChange(**c) for c in state.get("changes", [])]
+        if not self.min_staleness <= self.staleness <= self.max_staleness:
+            raise ValueError(f"staleness {self.staleness} is outside {self.min_staleness}..{self.max_staleness}")
 
     def describe(self) -> dict:
         return {**super().describe(), **self.spec(), "staleness": int(self.staleness),

@@ -83,12 +83,23 @@ class SSPPolicy(ConsistencyPolicy):
     def on_applied(self, worker: int, clock: int, ctx: PolicyContext, loss: float | None = None) -> None:
         self.clocks[worker] = max(self.clocks.get(worker, 0), clock)
 
-    def on_read(self, worker: int, clock: int) -> None:
+    def on_read(self, worker: int, clock: int):
         # A read at clock c follows the worker's push of its c-th step, so its clock is at least c already;
         # after a PS task restored a checkpoint (older clocks, pushes lost) this brings it back, so readers
         # that all wait for each other's lost pushes do not deadlock.
-        if clock > self.clocks.get(worker, 0):
-            self.clocks[worker] = clock
+        if clock <= self.clocks.get(worker, 0):
+            return None
+        had, before = worker in self.clocks, self.clocks.get(worker)
+        self.clocks[worker] = clock
+
+        def undo() -> None:
+            if self.clocks.get(worker) == clock:
+                if had:
+                    self.clocks[worker] = before
+                else:
+                    del self.clocks[worker]
+
+        return undo
 
     def on_join(self, worker: int, ctx: PolicyContext) -> None:
         others = ctx.awaited - {worker} or ctx.live - {worker}
@@ -110,7 +121,14 @@ class SSPPolicy(ConsistencyPolicy):
         return {"clocks": {str(k): v for k, v in sorted(self.clocks.items())}}
 
     def restore(self, state: dict) -> None:
-        self.clocks = {int(k): int(v) for k, v in state.get("clocks", {}).items()}
+        """Takes back the clocks; raises ``ValueError`` on a worker id or clock out of range."""
+        clocks = {}
+        for k, v in dict(state.get("clocks", {})).items():
+            worker = int(k)
+            if worker < 0 or isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 2**53:
+                raise ValueError(f"clock {v!r} of worker {k!r} is out of range")
+            clocks[worker] = v
+        self.clocks = clocks
 
 
 class AsyncPolicy(SSPPolicy):

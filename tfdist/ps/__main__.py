@@ -53,6 +53,7 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
         token=token,
         max_message_bytes=config.ps.max_message_bytes,
         num_workers=config.cluster.num_workers,
+        starting_workers=config.starting_workers,
         exit_when_done=not config.elastic.enabled,
         max_updates_per_s=config.ps.max_updates_per_s,
         heartbeat_timeout_s=config.ps.heartbeat_timeout_s,

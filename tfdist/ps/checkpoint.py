@@ -319,10 +319,22 @@ class ShardCheckpointer:
         Returns:
             The step restored; ``None`` when there is no such checkpoint.
         """
-        ckpt = read_shard(self.directory, self.ps, step=step, num_ps=self.num_ps)
+        candidates = [step] if step is not None else list(reversed(list_steps(self.directory, self.ps)))
+        ckpt = None
+        for s in candidates:
+            ckpt = read_shard(self.directory, self.ps, step=s, num_ps=self.num_ps)
+            if ckpt is None:
+                continue  # torn or corrupted: read_shard warned
+            try:
+                self.store.restore(ckpt.meta, ckpt.values, replace=replace)
+                break
+            except Exception as e:  # the store's DATA_LOSS: well-formed file, malformed content
+                if getattr(e, "grpc_code", None) != "DATA_LOSS":
+                    raise
+                logger.warning("ps:%d: skipping checkpoint %d: %s", self.ps, s, e)
+                ckpt = None
         if ckpt is None:
             return None
-        self.store.restore(ckpt.meta, ckpt.values, replace=replace)
         if replace:
             self.discard_after(ckpt.step)
         with self._lock:

@@ -66,6 +66,13 @@ SERVICE = "tfdist.ParameterServer"
 
 #: Largest worker id (ids are ``0 .. num_workers - 1``; -1 is an evaluator's read-only id).
 MAX_WORKER_ID = 2**31 - 1
+#: Most workers a job may have (``Init``'s ``num_workers``): a real job's range, so no request can
+#: make a PS count millions of phantom workers.
+MAX_WORKERS = 2**16
+#: Most local steps one ``Push`` may sum (``steps``): counters stay far from the range of exact integers.
+MAX_STEPS_PER_PUSH = 10**7
+#: Largest loss a push may report (any finite float; an integer beyond it is refused, not an OverflowError).
+MAX_LOSS = 1.7976931348623157e308
 #: Largest clock, step, version or count a request may carry (exact in a float64 and in JSON).
 MAX_COUNT = 2**53
 #: Longest variable key.
@@ -142,8 +149,9 @@ class _Fields:
         value = self.get(name, default)
         if value is None and default is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not low <= value <= high:
+        # Range first: an integer too large for a float (10**400) is refused, not an OverflowError.
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high \
+                or not math.isfinite(value):
             raise self._fail(name, value, f"a finite number in [{low:g}, {high:g}]")
         return float(value)
 
@@ -254,9 +262,11 @@ def _table_shard(method: str, d: Any) -> TableShard:
                             f"{d['num_shards']} shards.")
     if isinstance(d["rows"], int) and not isinstance(d["rows"], bool) and d["rows"] > MAX_COUNT:
         raise ProtocolError(f"{method}: table {short(d['key'])}: too many rows ({short(d['rows'])}).")
+    if isinstance(d["dim"], int) and not isinstance(d["dim"], bool) and d["dim"] > MAX_COUNT:
+        raise ProtocolError(f"{method}: table {short(d['key'])}: too wide a row (dim {short(d['dim'])}).")
     try:
         spec = TableSpec.from_dict(d)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, OverflowError) as e:
         raise ProtocolError(f"{method}: {short(str(e), 300)}") from None
     return TableShard(spec, d["shard"], d["num_shards"])
 
@@ -398,7 +408,7 @@ class InitRequest:
 
     @classmethod
     def parse(cls, f: _Fields, tensors):
-        num_workers = f.int("num_workers", 1, MAX_WORKER_ID, None)
+        num_workers = f.int("num_workers", 1, MAX_WORKERS, None)
         specs = f.specs()
         keys = {s.key for s in specs}
         if keys != set(tensors):
@@ -443,7 +453,7 @@ class WaitInitRequest:
     @classmethod
     def parse(cls, f: _Fields, tensors):
         _no_tensors("WaitInit", tensors)
-        num_workers = f.int("num_workers", 1, MAX_WORKER_ID, None)
+        num_workers = f.int("num_workers", 1, MAX_WORKERS, None)
         worker = f.worker(allow_reader=True, default=None)
         return cls(None if worker == -1 else worker, f.number("timeout_s", 0.0, MAX_WAIT_S, 0.0),
                    f.specs(default=None), f.policy(num_workers), num_workers)
@@ -538,7 +548,7 @@ class PushRequest:
         if stray:
             raise ProtocolError(f"{f.method}: row indices {short(stray[:4])} without their key in `sparse`.")
         return cls(f.worker(), f.int("clock", 0, MAX_COUNT, 0), deltas,
-                   f.number("loss", -math.inf, math.inf, None), f.int("steps", 1, MAX_COUNT, 1),
+                   f.number("loss", -MAX_LOSS, MAX_LOSS, None), f.int("steps", 1, MAX_STEPS_PER_PUSH, 1),
                    f.int("incarnation", 0, MAX_INCARNATION, None), rows)
 
 

@@ -183,7 +183,7 @@ class ParameterService:
         return self.store.write_rows(req), {}
 
     def _rpc_Restore(self, req: protocol.RestoreRequest, budget, cancelled):
-        self.store.check_member(req.worker)
+        self.store.check_path(req.worker, "gradient")  # a roll-back is the gradient path's recovery
         if self.checkpointer is None:
             raise protocol.RequestError(f"ps:{self.task_index} has no ps.checkpoint_dir: nothing to restore.",
                                         grpc_code="FAILED_PRECONDITION")
@@ -197,6 +197,8 @@ class ParameterService:
 
     def _rpc_Checkpoint(self, req: protocol.CheckpointRequest, budget, cancelled):
         self.store.check_member(req.worker)
+        if req.at_step is not None:  # the chief's time-based checkpoints of a gradient-path job
+            self.store.check_path(req.worker, "gradient")
         if self.checkpointer is None:
             return {"step": None, "path": None, "scheduled": False}, {}
         if req.at_step is not None:
@@ -280,6 +282,8 @@ class PSServer:
             :class:`~tfdist.ps.checkpoint.ShardCheckpointer`.
         num_ps: PS tasks of the job (a checkpoint of a job with another
             number is not restored). Defaults to 1.
+        starting_workers: Workers the job starts with (``JobConfig.starting_workers``);
+            an ``Init`` that says otherwise is refused. ``None``: up to ``num_workers``.
 
     Every start of a task gets a new random ``incarnation`` (in replies and
     ``Status``): workers see a restarted task by it.
@@ -307,6 +311,7 @@ class PSServer:
         checkpoint_every_steps: int | None = None,
         checkpoint_keep: int = 3,
         num_ps: int = 1,
+        starting_workers: int | None = None,
     ):
         if tune_malloc:
             memory.tune_malloc()
@@ -317,7 +322,8 @@ class PSServer:
         max_waiters = min(max_waiters, max(1, max_threads - slots - _SPARE_THREADS))
         self.store = ParameterStore(policy, heartbeat_timeout_s=heartbeat_timeout_s, startup_grace_s=startup_grace_s,
                                     max_updates_per_s=max_updates_per_s, num_workers=num_workers,
-                                    max_wait_s=max_wait_s, max_waiters=max_waiters)
+                                    max_wait_s=max_wait_s, max_waiters=max_waiters,
+                                    starting_workers=starting_workers, max_reply_bytes=max_message_bytes)
         self.num_workers = num_workers
         self.task_index = task_index
         self.exit_when_done = exit_when_done
