@@ -256,3 +256,37 @@ def test_a_malformed_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     restored = ckpt.ShardCheckpointer(fresh, str(tmp_path), 0, 1).restore()
     assert restored == 1 and fresh.initialized
     writer.close(final=False)
+
+
+def test_concurrent_checkpoint_requests_hold_one_copy_of_the_state_at_a_time(tmp_path, monkeypatch):
+    """24 concurrent Checkpoint calls queued 24 full copies of the state (+350 MiB on a real model)."""
+    store = make(SSPPolicy(2))
+    writer = ckpt.ShardCheckpointer(store, str(tmp_path), 0, 1).start()
+    in_flight, peak, lock = [0], [0], threading.Lock()
+    capture, write = store.checkpoint_state, ckpt.write_shard
+
+    def counted_capture():
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        return capture()
+
+    def slow_write(*args, **kwargs):
+        time.sleep(0.01)  # a slow disk, so that the calls overlap
+        try:
+            return write(*args, **kwargs)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    monkeypatch.setattr(store, "checkpoint_state", counted_capture)
+    monkeypatch.setattr(ckpt, "write_shard", slow_write)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(writer.checkpoint_now(timeout=30))) for _ in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    writer.close(final=False)
+    assert len(results) == 24 and all(path for _, path in results)
+    assert peak[0] == 1

@@ -51,6 +51,10 @@ class GradientBarrier:
         self.global_step = self.state_step = step
         self.acc, self.contributors, self.history, self.sparse_acc = {}, set(), {}, {}
 
+    def store_state(self, step: int) -> None:
+        """A worker uploaded the state snapshot of ``step``."""
+        self.state_step = step
+
     def contribute(self, worker: int, grads: Mapping[str, np.ndarray]) -> int:
         """Adds a counted gradient to the current step; returns its bytes."""
         nbytes = 0

@@ -42,7 +42,7 @@ class Membership:
     """
 
     FIELDS = (
-        Field("num_workers", schema.VALUE, checkpoint=False),
+        Field("num_workers", schema.JOB_SIZE),
         Field("done_workers", schema.WORKERS, default=[]),
         Field("left_workers", schema.WORKERS, default=[]),
         Field("excluded", schema.WORKERS, default=[]),
@@ -174,6 +174,14 @@ class Membership:
         if self.job_done:
             info["job_done"] = True
         return info
+
+    def add_progress(self, batches: int) -> None:
+        """Batches that changed the parameters (an applied push, an aggregated step)."""
+        self.progress += batches
+
+    def readmit_done(self, worker: int) -> None:
+        """The chief initialises again: it is not done any more."""
+        self.done_workers.discard(worker)
 
     def mark_done(self, worker: int) -> None:
         self.done_workers.add(worker)

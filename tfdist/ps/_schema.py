@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 
 __all__ = ["Field", "Limits", "SchemaError", "snapshot", "dump", "parse", "assign",
            "COUNT", "OPTIONAL_COUNT", "WORKERS", "WORKER_COUNTS", "OPTIONAL_WORKER", "TIMES", "NUMBER", "VALUE",
-           "INCARNATION", "Choice", "MAX_COUNT", "MAX_WORKERS"]
+           "INCARNATION", "JOB_SIZE", "Choice", "MAX_COUNT", "MAX_WORKERS"]
 
 #: Largest clock, step, version or count (exact in a float64 and in JSON).
 MAX_COUNT = 2**53
@@ -158,7 +158,19 @@ class Choice(Codec):
         return raw
 
 
+class _JobSize(Codec):
+    """A job's number of workers, or ``None`` (not known yet)."""
+
+    def load(self, name, raw, limits):
+        if raw is None:
+            return None
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_WORKERS:
+            raise SchemaError(f"`{name}` must be a number of workers in [1, {MAX_WORKERS}]; it holds {_short(raw)}")
+        return raw
+
+
 COUNT = _Count()
+JOB_SIZE = _JobSize()
 OPTIONAL_COUNT = _Count(low=1, optional=True)
 WORKERS = _Workers()
 WORKER_COUNTS = _WorkerCounts()

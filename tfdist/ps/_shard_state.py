@@ -74,7 +74,6 @@ def capture(store) -> tuple[int, dict[str, Any], dict[str, np.ndarray]]:
     meta = {
         "kind": KIND,
         **variables_meta, **store.barrier.checkpoint(), **store.members.checkpoint(),
-        "num_workers": store.members.num_workers,
         "incarnation": store.incarnation,
         "policy": store.policy.spec(),
         "policy_state": store.policy.state(),
@@ -89,10 +88,7 @@ def _parse(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray], num_worker
     """Every part of a checkpoint, validated (raises :class:`SchemaError`); builds new objects, touches nothing."""
     if not isinstance(meta, Mapping) or meta.get("kind") != KIND:
         raise SchemaError(f"kind {short(meta.get('kind') if isinstance(meta, Mapping) else meta)}")
-    theirs = meta.get("num_workers")
-    if theirs is not None and (isinstance(theirs, bool) or not isinstance(theirs, int)
-                               or not 1 <= theirs <= schema.MAX_WORKERS):
-        raise SchemaError(f"`num_workers` holds {short(theirs)}")
+    theirs = schema.JOB_SIZE.load("num_workers", meta.get("num_workers"), Limits())
     limits = Limits(num_workers if num_workers is not None else theirs)
     variables = DenseVariables.parse_checkpoint(meta, arrays, limits)
     steps = schema.parse(GradientBarrier.FIELDS, meta, limits)
@@ -133,12 +129,10 @@ def restore(store, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray], re
                 "Use another ps.checkpoint_dir for a job of another size.", grpc_code="FAILED_PRECONDITION")
         # -- every check passed: assign
         store.policy = parsed["policy"]
-        if store.members.num_workers is None:
-            store.members.num_workers = num_workers
         store.variables.load(variables)
-        store.table_shards.tables = parsed["tables"]
+        store.table_shards.install(parsed["tables"])
         store.barrier.load(parsed["steps"])
-        schema.assign(store.members, parsed["members"])
+        schema.assign(store.members, {**parsed["members"], "num_workers": n if n is not None else num_workers})
         if replace:
             store.incarnation = secrets.randbits(48)
         store.members.restart_after_restore()

@@ -80,6 +80,10 @@ class TableShards:
                                  "non-finite rows (it does not fit float32); the job refuses such values.")
         return tables
 
+    def install(self, tables: dict[str, Table]) -> None:
+        """The tables of an ``Init`` or a restored checkpoint (built and checked by :meth:`allocate`)."""
+        self.tables = tables
+
     def check_same(self, shards: Iterable[TableShard]) -> None:
         theirs = {t.spec.key: (t.spec, t.shard, t.num_shards) for t in shards}
         mine = {k: (t.spec, t.shard, t.num_shards) for k, t in self.tables.items()}

@@ -144,7 +144,7 @@ class DenseVariables:
         self.initialized_by = worker
 
     def add(self, deltas: Mapping[str, np.ndarray], rows: Mapping[str, np.ndarray], worker: int) -> int:
-        """Adds checked deltas (dense, or at ``rows``); returns the bytes received.
+        """Adds checked deltas (dense, or at ``rows``) and bumps the version; returns the bytes received.
 
         Under ``nonfinite: refuse`` every sum is computed and checked before
         any replaces a value: one that overflowed refuses the whole update.
@@ -181,11 +181,14 @@ class DenseVariables:
                 self._spare[key], self.values[key] = self.values[key], new
             else:
                 self.values[key][r] = new
+        self.version += 1
         return nbytes
 
     def write(self, tensors: Mapping[str, np.ndarray]) -> None:
+        """Replaces values (a reset, a state snapshot); bumps the version."""
         for key, value in tensors.items():
             np.copyto(self.values[key], value)
+        self.version += 1
 
     # ------------------------------------------------------------------ schema
     def state(self) -> dict[str, Any]:

@@ -298,6 +298,7 @@ class ShardCheckpointer:
         store.checkpoint_every_steps = every_steps
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
+        self._now_lock = threading.Lock()
         self._stop = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name=f"tfdist-ps{ps}-checkpoint", daemon=True)
         self._timer = threading.Thread(target=self._timer_loop, name=f"tfdist-ps{ps}-checkpoint-timer", daemon=True)
@@ -329,7 +330,7 @@ class ShardCheckpointer:
                 self.store.restore(ckpt.meta, ckpt.values, replace=replace)
                 break
             except Exception as e:  # the store's DATA_LOSS: well-formed file, malformed content
-                if getattr(e, "grpc_code", None) != "DATA_LOSS":
+                if getattr(e, "grpc_code", None) != "DATA_LOSS" or step is not None:
                     raise
                 logger.warning("ps:%d: skipping checkpoint %d: %s", self.ps, s, e)
                 ckpt = None
@@ -385,6 +386,17 @@ class ShardCheckpointer:
         Raises:
             CheckpointError: the write failed, or did not finish within ``timeout``.
         """
+        # One at a time: concurrent calls would each hold a full copy of the state until it is written
+        # (24 calls at once cost +350 MiB); in turn, at most one copy is held beyond the writer's queue.
+        if not self._now_lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            raise CheckpointError(f"The checkpoint of ps:{self.ps} was not written within {timeout:g} s "
+                                  "(another one was being written).")
+        try:
+            return self._checkpoint_now(timeout)
+        finally:
+            self._now_lock.release()
+
+    def _checkpoint_now(self, timeout: float | None) -> tuple[int | None, str | None]:
         snapshot = self.store.checkpoint_state()
         if snapshot is None:
             return None, None

@@ -324,7 +324,6 @@ class PSServer:
                                     max_updates_per_s=max_updates_per_s, num_workers=num_workers,
                                     max_wait_s=max_wait_s, max_waiters=max_waiters,
                                     starting_workers=starting_workers, max_reply_bytes=max_message_bytes)
-        self.num_workers = num_workers
         self.task_index = task_index
         self.exit_when_done = exit_when_done
         self.max_message_bytes = max_message_bytes
@@ -363,7 +362,7 @@ class PSServer:
             self.task_index,
             self._service.listen_description,
             self.store.policy.name if self.store.policy else "chosen by the chief",
-            self.num_workers if self.num_workers is not None else "from the chief",
+            self.store.num_workers if self.store.num_workers is not None else "from the chief",
             self.max_message_bytes,
             "token" if self._service.authenticated else "none",
         )

@@ -197,7 +197,7 @@ class ParameterStore:
                         grpc_code="FAILED_PRECONDITION")
                 if req.reset:
                     return self._reset(req)
-                self.members.done_workers.discard(req.worker)
+                self.members.readmit_done(req.worker)
                 self._touch(req.worker)
                 return self._init_reply(False)
             policy = self.policy
@@ -208,7 +208,7 @@ class ParameterStore:
             self._check_aggregation(policy, req.num_workers)
             tables = TableShards.allocate(req.tables, req.nonfinite)
             # -- every check passed: apply
-            self.table_shards.tables = tables
+            self.table_shards.install(tables)
             self.policy = policy
             self.variables.initialize(req.specs, req.values, req.worker, req.nonfinite)
             self.barrier.restart(req.step)
@@ -241,7 +241,6 @@ class ParameterStore:
                              grpc_code="PERMISSION_DENIED")
         # -- every check passed: apply (the tables stay: no worker holds their rows)
         self.variables.write(req.values)
-        self.variables.version += 1
         self._restart_step(req.step)
         self.incarnation = secrets.randbits(48)
         self._touch(req.worker)
@@ -385,10 +384,9 @@ class ParameterStore:
         self._touch(worker)
         self.members.count_batch(worker, req.steps)
         self.stats["bytes_in"] += nbytes
-        previous = self.version
-        self.variables.version += 1
+        previous = self.version - 1  # add() bumped it
         self.stats["pushes"] += 1
-        self.members.progress += req.steps
+        self.members.add_progress(req.steps)
         self.policy.on_applied(worker, req.clock, self._ctx(), req.loss)
         self._maybe_capture(self.progress - req.steps)
         self._cond.notify_all()
@@ -520,7 +518,7 @@ class ParameterStore:
             return
         self.stats["aggregations"] += 1
         self.stats["gradients_aggregated"] += aggregated
-        self.members.progress += aggregated
+        self.members.add_progress(aggregated)
         self.policy.on_step_boundary(self._ctx())
         self._cond.notify_all()
 
@@ -541,8 +539,7 @@ class ParameterStore:
                 return {"stored": False, "state_step": self.state_step}
             self.variables.write(req.tensors)
             previous = self.state_step
-            self.barrier.state_step = req.step
-            self.variables.version += 1
+            self.barrier.store_state(req.step)
             self.stats["state_writes"] += 1
             self._maybe_capture(previous)
             self._cond.notify_all()
