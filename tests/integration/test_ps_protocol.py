@@ -34,7 +34,8 @@ def cluster():
 
 def _initialised(cluster):
     plan = RoundRobinPlacement().place(SPECS, 1)
-    chief = WorkerSession(cluster.client(), SPECS, plan, 0, True, startup_timeout_s=20, heartbeat_interval_s=None)
+    chief = WorkerSession(cluster.client(), SPECS, plan, 0, True, startup_timeout_s=20, heartbeat_interval_s=None,
+                         num_workers=2)
     chief.initialize({s.key: np.ones(s.shape, np.float32) for s in SPECS})
     return chief
 

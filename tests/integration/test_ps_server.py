@@ -34,7 +34,8 @@ def cluster():
 
 def _session(cluster, worker, chief, specs=SPECS, startup=20.0):
     plan = RoundRobinPlacement(partition_threshold_bytes=1024).place(specs, 2)
-    return WorkerSession(cluster.client(), specs, plan, worker, chief, startup_timeout_s=startup, heartbeat_interval_s=None)
+    return WorkerSession(cluster.client(), specs, plan, worker, chief, startup_timeout_s=startup, heartbeat_interval_s=None,
+                         num_workers=2)
 
 
 def _state(cluster):

@@ -457,13 +457,10 @@ class LocalJob:
     def _said_done(self, worker: int) -> bool:
         """Whether a PS task reports ``worker`` done (it ended its training); False when none answers."""
         try:
-            from tfdist.ps.client import PSClient
+            from tfdist.ps.admin import AdminClient
 
-            with PSClient(self.config.cluster.ps[:1], self.token, rpc_timeout_s=2.0,
-                          max_message_bytes=self.config.ps.max_message_bytes,
-                          tls_ca=self.config.security.tls_ca, tune_malloc=False) as client:
-                meta, _ = client.call(0, "Status", {"brief": True}, timeout=2.0)
-            return worker in meta.get("done_workers", ())
+            with AdminClient.for_job(self.config, self.token, first_only=True, rpc_timeout_s=2.0) as admin:
+                return worker in admin.status(0, brief=True, timeout=2.0).done_workers
         except (TfdistError, OSError):
             return False
 
@@ -490,12 +487,10 @@ class LocalJob:
         if not self.config.cluster.ps:
             return
         try:
-            from tfdist.ps.client import PSClient
+            from tfdist.ps.admin import AdminClient
 
-            with PSClient(self.config.cluster.ps, self.token, rpc_timeout_s=5.0,
-                          max_message_bytes=self.config.ps.max_message_bytes,
-                          tls_ca=self.config.security.tls_ca, tune_malloc=False) as client:
-                client.call_all("Control", {"gone": [int(w) for w in workers]}, timeout=5.0)
+            with AdminClient.for_job(self.config, self.token, rpc_timeout_s=5.0) as admin:
+                admin.control(gone=workers, timeout=5.0)
         except (TfdistError, OSError) as e:
             logger.info("could not tell the parameter servers that worker(s) %s ended (%s); they stop waiting "
                         "for them after ps.heartbeat_timeout_s", list(workers), e)

@@ -75,18 +75,17 @@ class PSControl:
     """
 
     def __init__(self, config: JobConfig, token: str):
-        from tfdist.ps.client import PSClient
+        from tfdist.ps.admin import AdminClient
 
-        self.client = PSClient(config.cluster.ps, token, rpc_timeout_s=config.ps.rpc_timeout_s,
-                               max_message_bytes=config.ps.max_message_bytes, tls_ca=config.security.tls_ca)
+        self.client = AdminClient.for_job(config, token)
 
     def status(self) -> dict[str, Any]:
         """PS 0's brief ``Status``: its counters and policy, without the list of variable specs."""
-        meta, _ = self.client.call(0, "Status", {"brief": True}, timeout=10.0)
-        return meta
+        return self.client.status(0, brief=True, timeout=10.0).to_dict()
 
     def control(self, **request: Any) -> None:
-        self.client.call_all("Control", request, timeout=10.0)
+        """``Control`` to every PS task: ``drain``, ``undrain``, ``gone`` (worker ids), ``total_batches``."""
+        self.client.control(**request, timeout=10.0)
 
     def close(self) -> None:
         self.client.close()

@@ -28,6 +28,7 @@ from tfdist import wire
 from tfdist.ps import memory
 from tfdist.ps.protocol import METHODS as _METHODS
 from tfdist.ps.protocol import SERVICE, method_of
+from tfdist.ps.replies import parse_reply
 
 __all__ = ["PSClient"]
 
@@ -108,19 +109,26 @@ class PSClient:
                     f"is the address right?{tls}"
                 ) from None
 
-    def request(self, ps: int, request: Any, timeout: float | None = None) -> Response:
-        """Sends one typed request (:mod:`tfdist.ps.protocol`) to one PS task."""
-        return self.call_many(method_of(request), {ps: request.to_wire()}, timeout)[ps]
+    def request(self, ps: int, request: Any, timeout: float | None = None) -> Any:
+        """Sends one typed request (:mod:`tfdist.ps.protocol`) to one PS task; returns its typed reply
+        (:mod:`tfdist.ps.replies`)."""
+        return self.request_many({ps: request}, timeout)[ps]
 
-    def request_many(self, requests: Mapping[int, Any], timeout: float | None = None) -> dict[int, Response]:
-        """Typed requests of one kind, one per PS task, sent in parallel."""
+    def request_many(self, requests: Mapping[int, Any], timeout: float | None = None,
+                     parallel: bool = True) -> dict[int, Any]:
+        """Typed requests of one kind, one per PS task, sent in parallel; their typed replies by task."""
         if not requests:
             return {}
         method = method_of(next(iter(requests.values())))
-        return self.call_many(method, {ps: r.to_wire() for ps, r in requests.items()}, timeout)
+        raw = self.call_many(method, {ps: r.to_wire() for ps, r in requests.items()}, timeout, parallel=parallel)
+        return {ps: parse_reply(method, meta, tensors) for ps, (meta, tensors) in raw.items()}
+
+    def request_all(self, request: Any, timeout: float | None = None, parallel: bool = True) -> dict[int, Any]:
+        """The same typed request to every PS task (``parallel``: see :meth:`call_many`)."""
+        return self.request_many({ps: request for ps in range(self.num_ps)}, timeout, parallel=parallel)
 
     def call(self, ps: int, method: str, meta: Mapping[str, Any], tensors=None, timeout: float | None = None) -> Response:
-        """One call to one PS task."""
+        """One raw call to one PS task (wire form: tests and fuzzers; the library sends typed requests)."""
         return self.call_many(method, {ps: (meta, tensors or {})}, timeout)[ps]
 
     def call_many(self, method: str, requests: Mapping[int, Request], timeout: float | None = None,

@@ -46,7 +46,7 @@ from tfdist import constants
 from tfdist.consistency.base import ConsistencyPolicy
 from tfdist.grpc_service import WireService
 from tfdist import wire
-from tfdist.ps import memory, protocol
+from tfdist.ps import memory, protocol, replies
 from tfdist.ps.checkpoint import CheckpointError, ShardCheckpointer
 from tfdist.ps.protocol import METHODS, SERVICE
 from tfdist.ps.store import ParameterStore
@@ -68,6 +68,11 @@ def load_tls_server_credentials(cert_path: str, key_path: str) -> grpc.ServerCre
     with open(key_path, "rb") as f:
         key = f.read()
     return grpc.ssl_server_credentials([(key, cert)])
+
+
+def _encode(reply) -> bytes:
+    """Encodes a read's reply under the store's lock (its values are the live arrays: one copy, into the message)."""
+    return wire.encode(*reply.to_wire())
 
 
 class ParameterService:
@@ -101,15 +106,16 @@ class ParameterService:
         """Parses, validates and applies one request.
 
         Returns:
-            The reply: ``(meta, tensors)``, or bytes already encoded (reads
-            encode the values under the store lock).
+            The reply (a :mod:`tfdist.ps.replies` type) as ``(meta, tensors)``,
+            or bytes already encoded (reads encode the values under the store lock).
 
         Raises:
             RequestError: the request was refused; nothing changed.
         """
         try:
             request = protocol.parse(method, meta, tensors)
-            return self._rpcs[method](request, budget, cancelled)
+            reply = self._rpcs[method](request, budget, cancelled)
+            return reply if isinstance(reply, bytes) else reply.to_wire()
         except protocol.RequestError:
             self.count_refused(method)
             raise
@@ -138,26 +144,21 @@ class ParameterService:
         reply = self.store.init(req)
         if req.reset and self.checkpointer is not None:
             self.checkpointer.discard_after(req.step)  # the job goes on from the chief's step
-        return reply, {}
+        return reply
 
     def _rpc_WaitInit(self, req: protocol.WaitInitRequest, budget, cancelled):
-        return self.store.wait_init(req, budget, cancelled), {}
+        return self.store.wait_init(req, budget, cancelled)
 
     def _rpc_Pull(self, req: protocol.PullRequest, budget, cancelled):
-        return self.store.read(req, lambda meta, values: wire.encode(meta, values), budget, cancelled)
+        return self.store.read(req, _encode, budget, cancelled)
 
     def _rpc_Push(self, req: protocol.PushRequest, budget, cancelled):
-        reply = self.store.push(req, budget, cancelled), {}
+        reply = self.store.push(req, budget, cancelled)
         self._after_update()
         return reply
 
     def _rpc_PushPull(self, req: protocol.PushPullRequest, budget, cancelled):
-        def consume(meta, values, unchanged):  # encoded under the store lock (one copy)
-            if unchanged:
-                return wire.encode({**meta, "unchanged": True})
-            return wire.encode(meta, values)
-
-        reply = self.store.push_pull(req, consume, budget, cancelled)
+        reply = self.store.push_pull(req, _encode, budget, cancelled)
         self._after_update()
         return reply
 
@@ -169,18 +170,18 @@ class ParameterService:
         return self.store.push_gradients(req, budget, cancelled)
 
     def _rpc_PutState(self, req: protocol.PutStateRequest, budget, cancelled):
-        reply = self.store.put_state(req), {}
+        reply = self.store.put_state(req)
         self._after_update()
         return reply
 
     def _rpc_Lookup(self, req: protocol.LookupRequest, budget, cancelled):
-        return self.store.lookup(req, lambda meta, values: wire.encode(meta, values), budget, cancelled)
+        return self.store.lookup(req, _encode, budget, cancelled)
 
     def _rpc_PushRows(self, req: protocol.PushRowsRequest, budget, cancelled):
-        return self.store.push_rows(req), {}
+        return self.store.push_rows(req)
 
     def _rpc_WriteRows(self, req: protocol.WriteRowsRequest, budget, cancelled):
-        return self.store.write_rows(req), {}
+        return self.store.write_rows(req)
 
     def _rpc_Restore(self, req: protocol.RestoreRequest, budget, cancelled):
         self.store.check_path(req.worker, "gradient")  # a roll-back is the gradient path's recovery
@@ -193,29 +194,29 @@ class ParameterService:
                                         f"{self.checkpointer.directory}.", grpc_code="FAILED_PRECONDITION")
         logger.warning("ps:%d rolled back to its checkpoint of step %d by worker %d (incarnation %d)",
                        self.task_index, step, req.worker, self.store.incarnation)
-        return {"step": step, "incarnation": self.store.incarnation}, {}
+        return replies.RestoreReply(step, self.store.incarnation)
 
     def _rpc_Checkpoint(self, req: protocol.CheckpointRequest, budget, cancelled):
         self.store.check_member(req.worker)
         if req.at_step is not None:  # the chief's time-based checkpoints of a gradient-path job
             self.store.check_path(req.worker, "gradient")
         if self.checkpointer is None:
-            return {"step": None, "path": None, "scheduled": False}, {}
+            return replies.CheckpointReply()
         if req.at_step is not None:
             scheduled = self.store.capture_at(req.worker, req.at_step)
             self.checkpointer.after_update(always=True)
-            return {"scheduled": scheduled}, {}
+            return replies.CheckpointReply(scheduled=scheduled)
         try:
             step, path = self.checkpointer.checkpoint_now(timeout=budget)
         except CheckpointError as e:
             raise protocol.RequestError(str(e), grpc_code="INTERNAL") from e
-        return {"step": step, "path": path}, {}
+        return replies.CheckpointReply(step, path)
 
     def _rpc_SetExcluded(self, req: protocol.SetExcludedRequest, budget, cancelled):
-        return {"excluded": self.store.set_excluded(req.worker, req.excluded)}, {}
+        return replies.SetExcludedReply(tuple(self.store.set_excluded(req.worker, req.excluded)))
 
     def _rpc_Heartbeat(self, req: protocol.HeartbeatRequest, budget, cancelled):
-        return {"live_workers": self.store.heartbeat(req.worker)}, {}
+        return replies.LiveWorkersReply(tuple(self.store.heartbeat(req.worker)))
 
     def _rpc_Status(self, req: protocol.StatusRequest, budget, cancelled):
         status = self.store.status(brief=req.brief)
@@ -223,7 +224,7 @@ class ParameterService:
             status["stats"]["rejected"] = sum(self.rejected.values())
         if self.checkpointer is not None:
             status["checkpoint"] = self.checkpointer.describe()
-        return {**status, "task_index": self.task_index, "num_workers": self.store.num_workers}, {}
+        return replies.StatusReply({**status, "task_index": self.task_index})
 
     def _rpc_Done(self, req: protocol.DoneRequest, budget, cancelled):
         done = self.store.mark_done(req.worker)
@@ -231,19 +232,19 @@ class ParameterService:
         if self.exit_when_done and n and set(range(n)) <= done:
             logger.info("ps:%d all %d workers are done; stopping", self.task_index, n)
             self._stop()
-        return {"done_workers": sorted(done)}, {}
+        return replies.DoneReply(tuple(sorted(done)))
 
     def _rpc_Leave(self, req: protocol.LeaveRequest, budget, cancelled):
-        return {"live_workers": self.store.leave(req.worker)}, {}
+        return replies.LiveWorkersReply(tuple(self.store.leave(req.worker)))
 
     def _rpc_Control(self, req: protocol.ControlRequest, budget, cancelled):
-        return self.store.control(req), {}
+        return self.store.control(req)
 
     def _rpc_Shutdown(self, req: protocol.ShutdownRequest, budget, cancelled):
         self.store.check_member(req.worker)
         logger.info("ps:%d shutdown requested by worker %d", self.task_index, req.worker)
         self._stop()
-        return {"stopping": True}, {}
+        return replies.ShutdownReply(True)
 
 
 class PSServer:

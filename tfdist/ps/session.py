@@ -36,6 +36,8 @@ from tfdist.ps.placement import PlacementPlan, VariableSpec
 from tfdist.ps.sparse import TableSpec, shard_of
 from tfdist.ps.protocol import (
     CheckpointRequest,
+    DoneRequest,
+    HeartbeatRequest,
     InitRequest,
     LeaveRequest,
     LookupRequest,
@@ -52,6 +54,7 @@ from tfdist.ps.protocol import (
     StatusRequest,
     WaitInitRequest,
 )
+from tfdist.ps.replies import PullReply, StatusReply
 
 __all__ = ["WorkerSession"]
 
@@ -189,10 +192,10 @@ class WorkerSession:
         requests = {ps: LookupRequest(worker, first, local[shard == ps], clock, also)
                     for ps in range(self.plan.num_ps) if (shard == ps).any()}
         out = {key: np.empty((len(ids), self.tables[key].dim), np.float32) for key in keys}
-        for ps, (_, tensors) in self._request_many(requests).items():
+        for ps, reply in self._request_many(requests).items():
             mine = shard == ps
             for i, key in enumerate(keys):
-                out[key][mine] = tensors[LookupRequest.values_name(i)]
+                out[key][mine] = reply.values[LookupRequest.values_name(i)]
         self.stats["rows_pulled"] += len(ids) * len(keys)
         return out
 
@@ -224,7 +227,7 @@ class WorkerSession:
                                          self.incarnation[ps])
                     for ps in range(self.plan.num_ps) if (shard == ps).any()}
         replies = self._request_many(requests)
-        return sum(int(meta["written"]) for meta, _ in replies.values())
+        return sum(reply.written for reply in replies.values())
 
     def _lookup_clock(self) -> int | None:
         """Update path: a lookup is a read at the step about to start (SSP's rule applies)."""
@@ -251,12 +254,12 @@ class WorkerSession:
     def _request_many(self, requests, timeout: float | None = None):
         """``client.request_many`` whose replies must come from the PS incarnations this worker knows."""
         replies = self.client.request_many(requests, timeout)
-        self._check_incarnations({ps: meta for ps, (meta, _) in replies.items()})
+        self._check_incarnations(replies)
         return replies
 
-    def _check_incarnations(self, metas: Mapping[int, Mapping]) -> None:
-        for ps, meta in metas.items():
-            incarnation = meta.get("incarnation")
+    def _check_incarnations(self, replies: Mapping[int, object]) -> None:
+        for ps, reply in replies.items():
+            incarnation = getattr(reply, "incarnation", None)
             if incarnation is None:
                 continue
             known = self.incarnation[ps]
@@ -351,8 +354,7 @@ class WorkerSession:
         while True:
             remaining = deadline - time.monotonic()
             try:
-                replies = self.client.call_all("Status", {"brief": True}, timeout=max(0.5, min(5.0, remaining)))
-                return {ps: meta for ps, (meta, _) in replies.items()}
+                return self.client.request_all(StatusRequest(brief=True), timeout=max(0.5, min(5.0, remaining)))
             except PSUnavailableError as e:
                 if time.monotonic() + delay > deadline:
                     raise PSUnavailableError(
@@ -378,10 +380,10 @@ class WorkerSession:
                         f"Parameter server ps:{ps} restarted without a checkpoint and the chief did not "
                         f"initialise it again within ps.reconnect_timeout_s={self.reconnect_timeout_s:g} s.")
                 wait = min(remaining, 5.0)
-                meta, _ = self.client.request(ps, WaitInitRequest(self.worker_id, wait, self._shard_specs(ps),
-                                                                  self.policy_spec, self.num_workers),
-                                              timeout=wait + 5.0)
-                if meta["initialized"]:
+                reply = self.client.request(ps, WaitInitRequest(self.worker_id, wait, self._shard_specs(ps),
+                                                                 self.policy_spec, self.num_workers),
+                                            timeout=wait + 5.0)
+                if reply.initialized:
                     break
 
     def initialize(self, local_values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
@@ -396,10 +398,10 @@ class WorkerSession:
             parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
             requests = {ps: self._init_request(ps, parts[ps]) for ps in range(self.plan.num_ps)}
             replies = self._request_many(requests)
-            fresh = all(meta["initialized_here"] for meta, _ in replies.values())
+            fresh = all(reply.initialized_here for reply in replies.values())
             if fresh:
                 self._snapshot = {k: np.array(v, copy=True) for k, v in local_values.items()}
-                self.version = [meta["version"] for meta, _ in (replies[i] for i in range(self.plan.num_ps))]
+                self.version = [replies[i].version for i in range(self.plan.num_ps)]
                 logger.info("worker %d initialised %d PS task(s)", self.worker_id, self.plan.num_ps)
                 self._start_heartbeat()
                 return None
@@ -418,13 +420,13 @@ class WorkerSession:
                             "Is the chief (or worker 0) running?"
                         )
                     wait = min(remaining, 10.0)
-                    meta, _ = self.client.request(
+                    reply = self.client.request(
                         ps,
                         WaitInitRequest(self.worker_id if self.worker_id >= 0 else None, wait,
                                         self._shard_specs(ps), self.policy_spec, self.num_workers),
                         timeout=wait + 5.0,
                     )
-                    if meta["initialized"]:
+                    if reply.initialized:
                         break
         values = self.pull()
         self._start_heartbeat()
@@ -510,26 +512,26 @@ class WorkerSession:
 
     def _note(self, replies) -> None:
         """Hook: subclasses read clock information from replies."""
-        metas = [replies[i][0] for i in range(self.plan.num_ps)]
-        self.global_step = max(m.get("global_step", 0) for m in metas)
-        self._note_membership(metas)
+        ordered = [replies[i] for i in range(self.plan.num_ps)]
+        self.global_step = max(r.global_step or 0 for r in ordered)
+        self._note_membership(ordered)
 
-    def _note_membership(self, metas) -> None:
+    def _note_membership(self, replies) -> None:
         """Reads the engine's requests (leave, job done) from PS replies."""
-        for meta in metas:
-            for m in (meta, meta.get("push") or {}):
-                if m.get("leave") and not self.leave_requested:
-                    self.leave_requested = True
-                    logger.info("worker %d: asked to leave the job", self.worker_id)
-                if m.get("job_done") and not self.job_done:
-                    self.job_done = True
-                    logger.info("worker %d: the job's batches are done", self.worker_id)
+        for reply in replies:
+            if reply.leave and not self.leave_requested:
+                self.leave_requested = True
+                logger.info("worker %d: asked to leave the job", self.worker_id)
+            if reply.job_done and not self.job_done:
+                self.job_done = True
+                logger.info("worker %d: the job's batches are done", self.worker_id)
 
     def _fresh_shards(self, replies, snapshot, pushed) -> dict[int, dict[str, np.ndarray]]:
         """Per PS task, the values it holds: sent back, or snapshot + delta where it said "unchanged"."""
         per_ps, snap_parts = {}, None
-        for ps, (meta, tensors) in replies.items():
-            if meta.get("unchanged"):
+        for ps, reply in replies.items():
+            tensors = reply.values
+            if getattr(reply, "unchanged", False):
                 if snap_parts is None:
                     snap_parts = self._split(snapshot)
                 mine = pushed[ps] if pushed else {}
@@ -541,7 +543,7 @@ class WorkerSession:
         return per_ps
 
     def _absorb(self, replies, pushed=None) -> dict[str, np.ndarray]:
-        self.version = [replies[i][0]["version"] for i in range(self.plan.num_ps)]
+        self.version = [replies[i].version for i in range(self.plan.num_ps)]
         values = self._join(self._fresh_shards(replies, self._snapshot, pushed))
         self._snapshot = values
         self._base = None
@@ -559,8 +561,12 @@ class WorkerSession:
 
     def status(self, brief: bool = False) -> list[dict]:
         """Status of every PS task (version, live workers, counters); ``brief``: without the specs."""
-        replies = self.client.request_many({ps: StatusRequest(brief) for ps in range(self.plan.num_ps)})
-        return [meta for _, (meta, _) in sorted(replies.items())]
+        return [reply.to_dict() for reply in self.statuses(brief)]
+
+    def statuses(self, brief: bool = True) -> list[StatusReply]:
+        """Every PS task's ``Status``, typed, in task order."""
+        replies = self.client.request_all(StatusRequest(brief))
+        return [replies[ps] for ps in range(self.plan.num_ps)]
 
     # ----------------------------------------------------------- liveness
     def _start_heartbeat(self) -> None:
@@ -577,7 +583,7 @@ class WorkerSession:
                 # One task after the other in this thread: on the client's call threads a beat would queue
                 # behind a blocking call (an SSP pull waiting for a stopped worker) and stop every beat, so
                 # the PS would count this worker gone too.
-                self.client.call_all("Heartbeat", {"worker": self.worker_id}, timeout=interval * 2, parallel=False)
+                self.client.request_all(HeartbeatRequest(self.worker_id), timeout=interval * 2, parallel=False)
             except Exception as e:  # a missed beat is not fatal; the next call reports a dead PS
                 logger.debug("heartbeat failed: %s", e)
 
@@ -604,7 +610,7 @@ class WorkerSession:
         the heart-beat resumes; the PS counts the worker as live from its
         next call on (as a joiner if it had dropped it meanwhile).
         """
-        self.client.call_all("WaitInit", {"timeout_s": 0.0, "worker": self.worker_id})
+        self.client.request_all(WaitInitRequest(self.worker_id, 0.0))
         if self._hb_interval and self._hb_stop.is_set():
             self._hb_stop = threading.Event()
             self._hb_thread = self._heartbeat_thread()
@@ -621,7 +627,7 @@ class WorkerSession:
         self._hb_stop.set()
         if done:
             try:
-                self.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0, parallel=False)
+                self.client.request_all(DoneRequest(self.worker_id), timeout=5.0, parallel=False)
             except Exception as e:
                 logger.warning("worker %d could not tell the parameter servers it is done (they exit once every "
                                "worker is): %s", self.worker_id, e)
@@ -683,17 +689,18 @@ class UpdateSession(WorkerSession):
 
     def _note(self, replies) -> None:
         super()._note(replies)
-        metas = [replies[i][0] for i in range(self.plan.num_ps)]
-        mins = [m["min_clock"] for m in metas if "min_clock" in m]
+        ordered = [replies[i] for i in range(self.plan.num_ps)]
+        mins = [r.min_clock for r in ordered if r.min_clock is not None]
         if mins:
             self.min_clock = min(mins)
-        clocks = [m["clock"] for m in metas if "clock" in m]
+        clocks = [r.clock for r in ordered if getattr(r, "clock", None) is not None]
         if clocks and max(clocks) > self.clock:  # joined a running job: adopt the clock the PS gave us
             logger.info("worker %d starts at clock %d (adopted on join)", self.worker_id, max(clocks))
             self.clock = max(clocks)
             self.cache_min_clock = max(self.cache_min_clock, self.min_clock)
-        if metas and "staleness" in metas[0]:  # DTSSP moves it; every PS task runs the same rule
-            bounds = [m["staleness"] for m in metas]
+        clocked = [r for r in ordered if r.global_step is not None]  # replies that carry the clock information
+        if clocked and len(clocked) == len(ordered):  # DTSSP moves the bound; every PS task runs the same rule
+            bounds = [r.staleness for r in clocked]
             self.staleness = float("inf") if None in bounds else min(bounds)
 
     def needs_refresh(self) -> bool:
@@ -796,8 +803,9 @@ class UpdateSession(WorkerSession):
         parts = self._split(deltas)
         replies = self._request_many(self._push_requests(parts, clock, loss, True, steps, version))
         shards, expected_parts, changed = {}, None, set()
-        for ps, (meta, tensors) in replies.items():
-            if meta.get("unchanged"):
+        for ps, reply in replies.items():
+            tensors = reply.values
+            if reply.unchanged:
                 if expected_parts is None:
                     expected_parts = self._split(expected)
                 shards[ps] = expected_parts[ps]
@@ -816,7 +824,7 @@ class UpdateSession(WorkerSession):
                 new_snapshot[key] = expected[key]
         return _Exchange(
             snapshot=new_snapshot, base=expected, corrections=corrections or None,
-            version=[replies[i][0]["version"] for i in range(self.plan.num_ps)], replies=replies,
+            version=[replies[i].version for i in range(self.plan.num_ps)], replies=replies,
         )
 
     def pull(self, clock: int | None = None, min_state_step: int | None = None, as_reader: bool = False
@@ -897,11 +905,11 @@ class GradientSession(WorkerSession):
         differ (one died before it wrote the last cut), every task is rolled
         back to the newest step all of them hold.
         """
-        statuses = self.status()
-        steps = {st["state_step"] for st in statuses}
+        statuses = self.statuses()
+        steps = {st.state_step for st in statuses}
         if len(steps) == 1:
             return values
-        if all(st.get("restored_from") is None for st in statuses):
+        if all(st.restored_from is None for st in statuses):
             # No task came back from a checkpoint (the chief alone restarted): a step was in flight, some tasks
             # have closed it and some not yet. Nothing to roll back: load the newest state once all reach it.
             logger.info("worker %d: the parameter servers are at steps %s (a step in flight); loading step %d",
@@ -911,7 +919,7 @@ class GradientSession(WorkerSession):
         logger.warning("worker %d: the parameter servers restored different steps %s; rolling every task back to "
                        "step %d", self.worker_id, sorted(steps), target)
         self.client.request_many({ps: RestoreRequest(self.worker_id, target) for ps in range(self.plan.num_ps)
-                                  if statuses[ps]["state_step"] != target})
+                                  if statuses[ps].state_step != target})
         self.incarnation = [None] * self.plan.num_ps
         return self.pull(min_state_step=target)
 
@@ -927,7 +935,7 @@ class GradientSession(WorkerSession):
         """
         n = self.plan.num_ps
         if not restarted:  # the tasks are the ones this worker knew: catch up with the newest state
-            step = max(st["state_step"] for st in statuses.values())
+            step = max(st.state_step for st in statuses.values())
         elif self.is_chief and local_values is not None:
             # Table rows live only on the PS: roll every task back to the checkpoint the restarted ones restored
             # (a consistent cut). Without tables, or without such a cut, reset to this worker's state.
@@ -952,11 +960,11 @@ class GradientSession(WorkerSession):
 
     def _roll_back_to_restored_step(self, statuses, restarted) -> int | None:
         """The chief: every task back to the checkpoint step the restarted tasks restored; None if impossible."""
-        restored = [statuses[ps].get("restored_from") for ps in restarted]
+        restored = [statuses[ps].restored_from for ps in restarted]
         if any(step is None for step in restored):
             return None
         target = min(restored)
-        others = [ps for ps in range(self.plan.num_ps) if statuses[ps].get("restored_from") != target
+        others = [ps for ps in range(self.plan.num_ps) if statuses[ps].restored_from != target
                   or ps not in restarted]
         try:
             self.client.request_many({ps: RestoreRequest(self.worker_id, target) for ps in others})
@@ -972,9 +980,9 @@ class GradientSession(WorkerSession):
         """A worker other than the chief: waits until every task left the incarnation it knew, at one step."""
         old = list(self.incarnation)
         while True:
-            statuses = [meta for _, (meta, _) in sorted(self.client.call_all("Status", {"brief": True}).items())]
-            moved = all(st.get("incarnation") != old[ps] and st.get("initialized") for ps, st in enumerate(statuses))
-            steps = {st["state_step"] for st in statuses}
+            statuses = self.statuses()
+            moved = all(st.incarnation != old[ps] and st.initialized for ps, st in enumerate(statuses))
+            steps = {st.state_step for st in statuses}
             if moved and len(steps) == 1:
                 return steps.pop()
             if time.monotonic() > deadline:
@@ -989,19 +997,19 @@ class GradientSession(WorkerSession):
             return
         at = max(self.global_step, self.known_global_step) + 1
         replies = self.client.request_many({ps: CheckpointRequest(self.worker_id, at) for ps in range(self.plan.num_ps)})
-        if all(meta.get("scheduled") for meta, _ in replies.values()):
+        if all(reply.scheduled for reply in replies.values()):
             self._last_checkpoint_request = time.monotonic()
         else:  # a task is past that step already (the others raced ahead): try again at the next step
             logger.info("worker %d: checkpoint of step %d not scheduled on every task; trying the next step",
                         self.worker_id, at)
 
     def _note(self, replies) -> None:
-        metas = [replies[i][0] for i in range(self.plan.num_ps)]
-        steps = [m["state_step"] for m in metas if "state_step" in m]
+        ordered = [replies[i] for i in range(self.plan.num_ps)]
+        steps = [r.state_step for r in ordered if isinstance(r, PullReply)]
         if steps:  # a state pull: continue from the snapshot's step
             self.global_step = min(steps)
-        self._note_membership(metas)
-        self.known_global_step = max([self.known_global_step] + [m.get("global_step", 0) for m in metas])
+        self._note_membership(ordered)
+        self.known_global_step = max([self.known_global_step] + [r.global_step or 0 for r in ordered])
 
     def catch_up(self, as_reader: bool = False) -> dict[str, np.ndarray] | None:
         """The job's latest state snapshot, if it is newer than this worker's state (else ``None``).
@@ -1010,7 +1018,7 @@ class GradientSession(WorkerSession):
         without knowing it (a dropped backup after ``fit``) catches up too;
         waits (bounded) until every task holds the newest one.
         """
-        latest = max(st["state_step"] for st in self.status(brief=True))
+        latest = max(st.state_step for st in self.statuses())
         if latest <= self.global_step:
             return None
         values = self.pull(min_state_step=latest, as_reader=as_reader)
@@ -1033,15 +1041,14 @@ class GradientSession(WorkerSession):
         replies = self._request_many(
             {ps: PushGradientsRequest(self.worker_id, step, parts[ps], self.incarnation[ps])
              for ps in range(self.plan.num_ps)})
-        metas = {ps: meta for ps, (meta, _) in replies.items()}
-        self._note_membership(list(metas.values()))
+        self._note_membership(list(replies.values()))
         self.stats["bytes_pushed"] += sum(g.nbytes for g in grads.values())
-        dropped = any(m["dropped"] for m in metas.values())
-        resync = any(m["resync"] for m in metas.values())
+        dropped = any(r.dropped for r in replies.values())
+        resync = any(r.resync for r in replies.values())
         self.stats["dropped"] += int(dropped)
-        self.stats["waits"] += int(any(m.get("waited") for m in metas.values()))  # this worker waited for others
-        self.known_global_step = max([self.known_global_step] + [m["global_step"] for m in metas.values()])
-        found = {k: v for _, tensors in replies.values() for k, v in tensors.items()}
+        self.stats["waits"] += int(any(r.waited for r in replies.values()))  # this worker waited for others
+        self.known_global_step = max([self.known_global_step] + [r.global_step for r in replies.values()])
+        found = {k: v for r in replies.values() for k, v in r.values.items()}
         aggregate = {}
         for key, grad in grads.items():
             shards = self.plan.shards_of(key)
@@ -1054,7 +1061,7 @@ class GradientSession(WorkerSession):
         if resync:
             self.known_global_step = max(self.known_global_step, step + 1)
             self._resync_at_end = True
-        self._write_state_on = [ps for ps, m in metas.items() if m.get("write_state")]
+        self._write_state_on = [ps for ps, r in replies.items() if r.write_state]
         self.global_step = step + 1
         self.stats["steps"] += 1
         self.stats["wait_seconds"] += time.perf_counter() - start

@@ -47,6 +47,19 @@ from tfdist.ps._table_shards import TableShards
 from tfdist.ps._variables import DenseVariables, all_finite
 from tfdist.ps._waits import WAIT_TIMEOUT_CODE, BoundedWaits, Cancelled, StoreError, Wait, never
 from tfdist.ps.placement import VariableSpec
+from tfdist.ps.replies import (
+    ControlReply,
+    GradientsReply,
+    InitReply,
+    LookupReply,
+    PullReply,
+    PushPullReply,
+    PushReply,
+    PushRowsReply,
+    PutStateReply,
+    WaitInitReply,
+    WriteRowsReply,
+)
 from tfdist.ps.protocol import (
     ControlRequest,
     InitRequest,
@@ -174,7 +187,7 @@ class ParameterStore:
         return {"global_step": self.global_step, **self.policy.clock_fields(self._ctx())}
 
     # ---------------------------------------------------------------- init
-    def init(self, req: InitRequest) -> dict[str, Any]:
+    def init(self, req: InitRequest) -> InitReply:
         """Stores the initial values, policy and non-finite policy unless already initialised.
 
         Returns:
@@ -221,9 +234,8 @@ class ParameterStore:
                     req.worker, len(req.specs), total, self.policy.spec(), self.nonfinite)
         return self._init_reply(True)
 
-    def _init_reply(self, here: bool) -> dict[str, Any]:
-        return {"initialized_here": here, "version": self.version, "global_step": self.global_step,
-                "incarnation": self.incarnation, "state_step": self.state_step}
+    def _init_reply(self, here: bool) -> InitReply:
+        return InitReply(here, self.version, self.global_step, self.incarnation, self.state_step)
 
     def _check_aggregation(self, policy: ConsistencyPolicy, num_workers: int | None) -> None:
         """A gradient-path job cannot aggregate more gradients per step than it has workers."""
@@ -234,7 +246,7 @@ class ParameterStore:
                 "worker(s): no step could ever complete. Set strategy.replicas_to_aggregate to at most the "
                 "number of workers.", grpc_code="FAILED_PRECONDITION")
 
-    def _reset(self, req: InitRequest) -> dict[str, Any]:
+    def _reset(self, req: InitRequest) -> InitReply:
         """The chief replaces the values of an initialised store and restarts its step (lock held, checked)."""
         if req.worker != 0:
             raise StoreError(f"Only the chief (worker 0) may reset a parameter server; worker {req.worker} asked.",
@@ -255,7 +267,7 @@ class ParameterStore:
             self.policy.on_step_boundary(self._ctx())
 
     def wait_init(self, req: WaitInitRequest, timeout: float | None = None, cancelled: Cancelled = never
-                  ) -> dict[str, Any]:
+                  ) -> WaitInitReply:
         """Waits (bounded) until initialised; then checks the caller's specs/policy and re-admits it."""
         with self._cond:
             if req.worker is not None:
@@ -268,15 +280,13 @@ class ParameterStore:
                 except StoreError as e:
                     if e.grpc_code != WAIT_TIMEOUT_CODE:
                         raise
-                    return {"initialized": False, "version": self.version, "global_step": self.global_step,
-                            "incarnation": self.incarnation}
+                    return WaitInitReply(False, self.version, self.global_step, self.incarnation)
             if req.specs is not None:
                 self.variables.check_same_specs(req.specs)
             self._check_same_policy(req.policy)
             if req.worker is not None:
                 self.members.readmit(req.worker)
-            return {"initialized": True, "version": self.version, "global_step": self.global_step,
-                    "incarnation": self.incarnation, "state_step": self.state_step}
+            return WaitInitReply(True, self.version, self.global_step, self.incarnation, self.state_step)
 
     def specs(self) -> list[VariableSpec]:
         with self._cond:
@@ -331,7 +341,7 @@ class ParameterStore:
         self.variables.check_rows(req.deltas, req.rows)
 
     # ----------------------------------------------------------- update path
-    def push(self, req: PushRequest, timeout: float | None = None, cancelled: Cancelled = never) -> dict[str, Any]:
+    def push(self, req: PushRequest, timeout: float | None = None, cancelled: Cancelled = never) -> PushReply:
         """Adds the deltas to the stored values, as the policy decides.
 
         ``req.clock`` is the number of steps the worker has completed with
@@ -343,14 +353,14 @@ class ParameterStore:
             self._check_push(req)
             return self._apply_push(req, timeout, cancelled)
 
-    def push_pull(self, req: PushPullRequest, consumer: Callable[[dict, dict, bool], Any],
+    def push_pull(self, req: PushPullRequest, consumer: Callable[[PushPullReply], Any],
                   timeout: float | None = None, cancelled: Cancelled = never) -> Any:
         """A push and a read in one call, for policies whose reads never wait (ASP).
 
-        Calls ``consumer(meta, values, unchanged)`` under the lock after the
-        push; ``unchanged`` is True when the push landed right on
-        ``req.base_version`` and nothing landed after it (the caller then
-        knows the values: its snapshot plus its delta).
+        Calls ``consumer(reply)`` under the lock after the push (the reply's
+        values are the live arrays); ``reply.unchanged`` is True when the
+        push landed right on ``req.base_version`` and nothing landed after it
+        (the caller then knows the values: its snapshot plus its delta).
         """
         push = req.push
         self.variables.check_finite(push.deltas, push.worker, "update")
@@ -363,12 +373,11 @@ class ParameterStore:
                     "Send Push, then Pull.", grpc_code="FAILED_PRECONDITION",
                 )
             result = self._apply_push(push, timeout, cancelled)
-            unchanged = (req.base_version is not None and result["applied"]
-                         and result["previous_version"] == req.base_version)
-            return self._read_locked(push.worker, keys, lambda meta, values: consumer(
-                {**meta, "push": result}, values, unchanged))
+            unchanged = (req.base_version is not None and result.applied
+                         and result.previous_version == req.base_version)
+            return self._read_locked(push.worker, keys, lambda read: consumer(PushPullReply(read, result, unchanged)))
 
-    def _apply_push(self, req: PushRequest, timeout: float | None, cancelled: Cancelled) -> dict[str, Any]:
+    def _apply_push(self, req: PushRequest, timeout: float | None, cancelled: Cancelled) -> PushReply:
         """Applies a checked push (lock held); waits only before changing anything."""
         worker = req.worker
         self.waits.admit(timeout, cancelled)
@@ -378,8 +387,7 @@ class ParameterStore:
             self._touch(worker)
             self.members.count_batch(worker, req.steps)
             self.stats["dropped"] += 1
-            return {"applied": False, "dropped": True, "version": self.version, "reason": decision.reason,
-                    **self._reply_fields(worker)}
+            return PushReply(False, True, self.version, reason=decision.reason, **self._reply_fields(worker))
         nbytes = self.variables.add(req.deltas, req.rows, worker)  # refuses an overflowing sum, changing nothing
         self._touch(worker)
         self.members.count_batch(worker, req.steps)
@@ -390,8 +398,8 @@ class ParameterStore:
         self.policy.on_applied(worker, req.clock, self._ctx(), req.loss)
         self._maybe_capture(self.progress - req.steps)
         self._cond.notify_all()
-        return {"applied": True, "dropped": False, "version": self.version, "previous_version": previous,
-                **self._clock_info(), **self._reply_fields(worker)}
+        return PushReply(True, False, self.version, previous_version=previous, **self._clock_info(),
+                         **self._reply_fields(worker))
 
     def _read_keys(self, keys: Iterable[str] | None) -> list[str]:
         if keys is None:
@@ -399,14 +407,14 @@ class ParameterStore:
         self.variables.check_keys(keys)
         return list(keys)
 
-    def read(self, req: PullRequest, consumer: Callable[[dict[str, Any], dict[str, np.ndarray]], Any],
+    def read(self, req: PullRequest, consumer: Callable[[PullReply], Any],
              timeout: float | None = None, cancelled: Cancelled = never) -> Any:
-        """Calls ``consumer(meta, values)`` with the lock held, once readable.
+        """Calls ``consumer(reply)`` with the lock held, once readable.
 
         On the update path the policy decides whether a worker about to start
         ``req.clock`` may read now; on the gradient path ``min_state_step``
-        waits for a state snapshot at least that recent. ``values`` are the
-        live arrays: the consumer must copy what it keeps (encoding does).
+        waits for a state snapshot at least that recent. The reply's values
+        are the live arrays: the consumer must copy what it keeps (encoding does).
         """
         worker = req.worker
         with self._cond:
@@ -428,13 +436,9 @@ class ParameterStore:
         values = {k: self.variables.values[k] for k in keys}
         self.stats["pulls"] += 1
         self.stats["bytes_out"] += sum(v.nbytes for v in values.values())
-        meta = {"version": self.version, "state_step": self.state_step, **self._clock_info(),
-                **self._reply_fields(worker)}
-        if worker >= 0:
-            clock = self.policy.clock_of(worker)
-            if clock is not None:
-                meta["clock"] = clock
-        return consumer(meta, values)
+        clock = self.policy.clock_of(worker) if worker >= 0 else None
+        return consumer(PullReply(self.version, self.state_step, clock=clock, values=values, **self._clock_info(),
+                                  **self._reply_fields(worker)))
 
     def _read_wait(self, worker: int, clock: int, timeout: float | None, cancelled: Cancelled) -> None:
         """Update path: tells the policy the reader's clock (``on_read``), then waits as it says (lock held).
@@ -456,7 +460,7 @@ class ParameterStore:
 
     # --------------------------------------------------------- gradient path
     def push_gradients(self, req: PushGradientsRequest, timeout: float | None = None,
-                       cancelled: Cancelled = never) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+                       cancelled: Cancelled = never) -> GradientsReply:
         """Contributes gradients to global step ``req.step``; returns that step's aggregate.
 
         Blocks (bounded) until the step is complete. A gradient for a step
@@ -466,11 +470,11 @@ class ParameterStore:
         future step, or a second one from the same worker, is refused.
 
         Returns:
-            ``(meta, aggregate)``; ``meta`` has ``dropped``, ``resync``,
-            ``global_step``, ``waited`` (the step was not complete when this
-            gradient arrived: the worker waited for others), ``write_state``
-            (this worker completed the step and should upload the state after
-            applying it).
+            The step's aggregate as the reply's values; ``dropped``,
+            ``resync``, ``global_step``, ``waited`` (the step was not complete
+            when this gradient arrived: the worker waited for others),
+            ``write_state`` (this worker completed the step and should upload
+            the state after applying it).
         """
         worker, step = req.worker, req.step
         self.variables.check_finite(req.grads, worker, "gradient")
@@ -499,13 +503,14 @@ class ParameterStore:
                 self.waits.wait_for(lambda: self._step_wait(step), timeout,
                                     f"complete step {step} (this worker's gradient is counted)", cancelled,
                                     counted=False)
-            meta = {"dropped": dropped, "global_step": self.global_step, "step": step, "reason": decision.reason,
-                    "waited": not dropped and waited, **self._reply_fields(worker)}
+            common = dict(dropped=dropped, global_step=self.global_step, step=step, reason=decision.reason or None,
+                          waited=not dropped and waited, **self._reply_fields(worker))
             if step not in self.barrier.history:
-                return {**meta, "resync": True, "write_state": False}, {}
+                return GradientsReply(resync=True, write_state=False, **common)
             aggregate, closer = self.barrier.history[step]
             self.stats["bytes_out"] += sum(a.nbytes for a in aggregate.values())
-            return {**meta, "resync": False, "write_state": closer == worker and not dropped}, aggregate
+            return GradientsReply(resync=False, write_state=closer == worker and not dropped, values=aggregate,
+                                  **common)
 
     def _step_wait(self, step: int):
         if self.global_step <= step:
@@ -525,7 +530,7 @@ class ParameterStore:
     def _apply_step_rows(self, key: str, rows: np.ndarray, grads: np.ndarray, lr: float | None) -> None:
         self.table_shards.tables[key].apply(rows, grads, lr)
 
-    def put_state(self, req: PutStateRequest) -> dict[str, Any]:
+    def put_state(self, req: PutStateRequest) -> PutStateReply:
         """Replaces the state snapshot with the one a worker had after ``req.step`` steps (gradient path).
 
         Older snapshots than the stored one are ignored (``stored: False``).
@@ -536,19 +541,20 @@ class ParameterStore:
             self.variables.check_tensors(req.tensors)
             self._touch(req.worker)
             if req.step <= self.state_step and self.state_step > 0:
-                return {"stored": False, "state_step": self.state_step}
+                return PutStateReply(False, self.state_step)
             self.variables.write(req.tensors)
             previous = self.state_step
             self.barrier.store_state(req.step)
             self.stats["state_writes"] += 1
             self._maybe_capture(previous)
             self._cond.notify_all()
-            return {"stored": True, "state_step": self.state_step}
+            return PutStateReply(True, self.state_step)
 
     # ------------------------------------------------------------ tables
-    def lookup(self, req: LookupRequest, consumer: Callable[[dict[str, Any], dict[str, np.ndarray]], Any],
+    def lookup(self, req: LookupRequest, consumer: Callable[[LookupReply], Any],
                timeout: float | None = None, cancelled: Cancelled = never) -> Any:
-        """Calls ``consumer(meta, {"values": rows, ...})`` once the rows may be read (update path: SSP's rule).
+        """Calls ``consumer(reply)`` (rows as ``values``, ``values.<i>``) once they may be read (update path: SSP's
+        rule).
 
         Every table the request names (``key`` and ``also``) is checked before any is read.
         """
@@ -566,9 +572,9 @@ class ParameterStore:
             values = {LookupRequest.values_name(i): table.lookup(req.rows) for i, table in enumerate(tables)}
             self.stats["pulls"] += 1
             self.stats["bytes_out"] += sum(v.nbytes for v in values.values())
-            return consumer({"version": self.version, "incarnation": self.incarnation}, values)
+            return consumer(LookupReply(self.version, self.incarnation, values))
 
-    def push_rows(self, req: PushRowsRequest) -> dict[str, Any]:
+    def push_rows(self, req: PushRowsRequest) -> PushRowsReply:
         """Row gradients (of every table the request names): applied now (update path) or counted towards
         ``req.step`` (gradient path). Every table's part is checked before any is applied."""
         parts = req.tables()
@@ -585,15 +591,15 @@ class ParameterStore:
                 self._touch(req.worker)
                 if req.step < self.global_step:  # that step is over: dropped, like a stale dense gradient
                     self.stats["dropped"] += 1
-                    return {"applied": False, "dropped": True}
+                    return PushRowsReply(False, True)
                 self.barrier.add_rows(req.worker, parts, req.rows, req.learning_rate)
-                return {"applied": False, "dropped": False}
+                return PushRowsReply(False, False)
             self.table_shards.apply(tables, req.rows, [g for _, g in parts], req.learning_rate, self.nonfinite,
                                     req.worker)
             self._touch(req.worker)
             self.stats["bytes_in"] += sum(g.nbytes for _, g in parts) + req.rows.nbytes
             self.stats["row_pushes"] += len(parts)
-            return {"applied": True, "dropped": False}
+            return PushRowsReply(True, False)
 
     def _check_row_array(self, req, array: np.ndarray, what: str, finite_what: str, key: str | None = None) -> None:
         """A row request's array (before the lock: it reads only the array): float32, finite per policy."""
@@ -612,7 +618,7 @@ class ParameterStore:
         self.table_shards.check_rows(table, req.rows)
         return table
 
-    def write_rows(self, req: WriteRowsRequest) -> dict[str, Any]:
+    def write_rows(self, req: WriteRowsRequest) -> WriteRowsReply:
         """Sets rows of a table (a worker loading weights into it), all or nothing."""
         self._check_row_array(req, req.values, "Rows written to", "row value")
         with self._cond:
@@ -621,7 +627,7 @@ class ParameterStore:
             table.write(req.rows, req.values)
             self.stats["bytes_in"] += req.values.nbytes + req.rows.nbytes
             self.stats["row_writes"] += 1
-            return {"written": int(len(req.rows))}
+            return WriteRowsReply(int(len(req.rows)))
 
     def table_arrays(self) -> dict[str, np.ndarray]:
         """Every table's values and slots, keyed ``table/<key>/<array>`` (copies: checkpoints, status)."""
@@ -634,7 +640,7 @@ class ParameterStore:
         with self._cond:
             self.waits.close()
 
-    def control(self, req: ControlRequest) -> dict[str, Any]:
+    def control(self, req: ControlRequest) -> ControlReply:
         """Engine → PS: ask workers to leave, take that back, set the job's work,
         or report workers ``gone`` (their process ended: stop waiting for them now,
         not after the heart-beat timeout)."""
@@ -643,8 +649,8 @@ class ParameterStore:
                 self.members.check_members(ids or ())
             self.members.control(req.drain, req.undrain, req.gone, req.total_batches)
             self._cond.notify_all()
-            return {"draining": sorted(self.members.draining), "total_batches": self.members.total_batches,
-                    "progress": self.progress, "job_done": self.job_done}
+            return ControlReply(tuple(sorted(self.members.draining)), self.progress, self.job_done,
+                                self.members.total_batches)
 
     def set_excluded(self, worker: int, excluded: Iterable[int]) -> list[int]:
         """Replaces the set of detected stragglers barriers do not wait for."""

@@ -39,7 +39,8 @@ from tfdist.consistency import ConsistencyPolicy, policy_from_spec
 from tfdist.errors import ClusterError, PSRestartedError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
-from tfdist.ps.protocol import MAX_LOOKUP_TABLES, CheckpointRequest
+from tfdist.ps.protocol import MAX_LOOKUP_TABLES, CheckpointRequest, DoneRequest, StatusRequest
+from tfdist.ps.replies import StatusReply
 from tfdist.ps.sparse import TableSpec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.strategies._derived_state import DerivedStateLayers
@@ -807,7 +808,7 @@ class PSRuntime:
             self.session.flush()  # an update in flight lands before this worker stops counting
             if self.config.elastic.enabled:
                 self.session.stop_heartbeat()
-                self.session.client.call_all("Done", {"worker": self.worker_id}, timeout=5.0)
+                self.session.client.request_all(DoneRequest(self.worker_id), timeout=5.0)
             else:
                 self.session.leave()
         except Exception as e:  # leaving is best effort: heart-beat silence has the same effect
@@ -835,7 +836,7 @@ class PSRuntime:
         replies = session.client.request_many(
             {ps: CheckpointRequest(self.worker_id) for ps in range(session.plan.num_ps)},
             timeout=max(self.config.ps.rpc_timeout_s, 120.0))
-        return [{"step": meta.get("step"), "path": meta.get("path")} for _, (meta, _) in sorted(replies.items())]
+        return [{"step": reply.step, "path": reply.path} for _, reply in sorted(replies.items())]
 
     def evaluation_rounds(self, interval_s: float) -> Iterator[int]:
         """Side-car evaluation: see :meth:`ParameterServerStrategy.evaluation_rounds`.
@@ -853,10 +854,10 @@ class PSRuntime:
             statuses = self._statuses_while_the_job_runs(session, num_workers)
             if statuses is None:
                 return
-            if any(len(st.get("done_workers", ())) >= num_workers for st in statuses):
+            if any(len(st.done_workers) >= num_workers for st in statuses):
                 logger.info("task %s: every training worker is done", self.task)
                 return
-            version = tuple(st.get("version", 0) for st in statuses)
+            version = tuple(st.fields.get("version", 0) for st in statuses)
             if version != last:
                 try:
                     values = session.pull(as_reader=True)
@@ -884,19 +885,19 @@ class PSRuntime:
     def reconnect_timeout_s(self) -> float:
         return float(self.config.ps.reconnect_timeout_s)
 
-    def _statuses_while_the_job_runs(self, session: WorkerSession, num_workers: int) -> list[dict] | None:
+    def _statuses_while_the_job_runs(self, session: WorkerSession, num_workers: int) -> list[StatusReply] | None:
         """Every PS task's brief status, or ``None`` when the job is over (see :meth:`evaluation_rounds`)."""
         deadline = None
         while True:
             answers, lost = {}, None
             for ps in range(session.plan.num_ps):
                 try:
-                    answers[ps] = session.client.call(ps, "Status", {"brief": True}, timeout=5.0)[0]
+                    answers[ps] = session.client.request(ps, StatusRequest(brief=True), timeout=5.0)
                 except PSUnavailableError as e:
                     lost = e
             if lost is None:
                 return [answers[ps] for ps in range(session.plan.num_ps)]
-            if not answers or any(len(st.get("done_workers", ())) >= num_workers for st in answers.values()):
+            if not answers or any(len(st.done_workers) >= num_workers for st in answers.values()):
                 logger.info("task %s: the parameter servers have ended (the job is over): %s", self.task, lost)
                 return None
             if deadline is None:
