@@ -38,6 +38,7 @@ from tfdist.config import JobConfig, TaskSpec
 from tfdist.consistency import ConsistencyPolicy, policy_from_spec
 from tfdist.errors import ClusterError, PSRestartedError, PSUnavailableError
 from tfdist.ps.client import PSClient
+from tfdist.ps.identity import CanonicalNames
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.ps.protocol import MAX_LOOKUP_TABLES, CheckpointRequest
 from tfdist.ps.sparse import TableSpec
@@ -134,6 +135,8 @@ class VariableRegistry:
         self.variables: list[tf.Variable] = []
         self.specs: list[VariableSpec] = []
         self._keys_by_var: dict[int, str] = {}
+        #: Keys name variables by creation order and path, with Keras's auto-name counters renumbered.
+        self._names = CanonicalNames()
         #: Names of variables created after the PS was initialised (they stay local).
         self.late: list[str] = []
         #: Owners of registered variables that implement ``finalize_state``.
@@ -168,7 +171,7 @@ class VariableRegistry:
                 name,
             )
             return
-        key = f"{len(self.variables):04d}/{name}"
+        key = f"{len(self.variables):04d}/{self._names.canonical(name)}"
         self.variables.append(var)
         self._keys_by_var[id(var)] = key
         self.specs.append(VariableSpec(key, _numpy_dtype_name(var.dtype), tuple(var.shape.as_list()),

@@ -1,0 +1,74 @@
+"""Identity and semantics of what the parameter servers share (issue #21 item 7).
+
+(a) A variable's identity in the job does not depend on Keras's auto-name
+counters of objects created outside the model (README "What behaves
+differently": Variable identity). Two workers built in one process around a
+real PS on 127.0.0.1 show it best: the second model's auto names are
+``sequential_1``/``dense_2``… there, and the chief additionally builds an
+optimizer and a layer before its model.
+"""
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+TOKEN = "a-token-123"
+
+
+def _auto_named_model(strategy, optimizer="adam"):
+    """A model with Keras's auto names (no name= anywhere), compiled; its optimizer built."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.BatchNormalization(), keras.layers.Dense(3)])
+        model.compile(optimizer, "mse")
+        model.optimizer.build(model.trainable_variables)
+    return model
+
+
+@pytest.mark.parametrize("consistency", ["async", "sync_replicas"])
+def test_objects_the_chief_alone_creates_before_its_model_do_not_change_the_job_s_variables(no_cluster, consistency):
+    """Before: the other worker was refused ("variables differ": adam vs adam_1, dense vs dense_1) and exited."""
+    import keras
+
+    import tfdist
+    from tfdist.ps.server import PSServer
+
+    x = np.random.default_rng(0).normal(size=(32, 8)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(32, 3)).astype("float32")
+    server = PSServer(None, token=TOKEN, num_workers=2).start()
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": [server.address]}
+    strategies = []
+    try:
+        def make(task):
+            if consistency == "sync_replicas":  # one gradient per step: the workers may train one after the other
+                return tfdist.SyncReplicasStrategy(replicas_to_aggregate=1, cluster=cluster, task=task, token=TOKEN)
+            return tfdist.ParameterServerStrategy(cluster=cluster, task=task, token=TOKEN)
+
+        keras.optimizers.Adam()  # the chief's script alone creates these first: adam, dense
+        keras.layers.Dense(4)
+        chief = make("worker:0")
+        strategies.append(chief)
+        chief_model = _auto_named_model(chief)
+        chief_model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        other = make("worker:1")
+        strategies.append(other)
+        other_model = _auto_named_model(other)
+        assert [w.path for w in chief_model.weights] != [w.path for w in other_model.weights]  # Keras's names differ
+        other_model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # before the fix: FAILED_PRECONDITION
+
+        assert [k for k, _, _ in chief.placement_table()] == [k for k, _, _ in other.placement_table()]
+        assert "0000/sequential/dense/kernel" in [k for k, _, _ in chief.placement_table()]
+        batches = chief.ps_status()[0]["worker_batches"]
+        assert set(batches) == {"0", "1"} and all(n > 0 for n in batches.values()), batches
+        other.pull()
+        chief.pull()
+        np.testing.assert_allclose(other_model.predict(x, verbose=0), chief_model.predict(x, verbose=0),
+                                   rtol=1e-5, atol=1e-5)
+    finally:
+        for s in strategies:
+            s.shutdown()
+        server.stop(0)
