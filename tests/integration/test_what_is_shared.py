@@ -72,3 +72,70 @@ def test_objects_the_chief_alone_creates_before_its_model_do_not_change_the_job_
         for s in strategies:
             s.shutdown()
         server.stop(0)
+
+
+def _tracking_model(strategy):
+    """A custom layer keeping four kinds of non-trainable state, then a Dense (fixed names: item (c) alone)."""
+    import keras
+
+    class Tracker(keras.layers.Layer):
+        def build(self, input_shape):
+            zeros = {"shape": (), "initializer": "zeros", "trainable": False}
+            self.running_max = self.add_weight(name="running_max", **zeros)
+            self.steps = self.add_weight(name="steps", **zeros)
+            self.job_steps = self.add_weight(name="job_steps", aggregation="sum", **zeros)
+            self.int_steps = self.add_weight(name="int_steps", dtype="int32", **zeros)
+
+        def call(self, x, training=False):
+            if training:
+                self.running_max.assign(keras.ops.maximum(self.running_max, keras.ops.max(x)))
+                self.steps.assign_add(1.0)
+                self.job_steps.assign_add(1.0)
+                self.int_steps.assign_add(1)
+            return x
+
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        tracker = Tracker(name="tracker")
+        model = keras.Sequential([keras.Input((8,)), tracker, keras.layers.Dense(3, name="out")], name="model")
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+    return model, tracker
+
+
+def test_non_trainable_state_of_a_custom_layer_is_local_unless_marked_with_aggregation_sum(no_cluster):
+    """Async, two workers: before, a running max of data whose max is 1.0 became 2.0 and a float counter counted
+    the job's steps (an int32 one the worker's); now unmarked state is each worker's own, ``aggregation="sum"``
+    state is the job's (every worker's change added), and BatchNormalization's statistics stay shared."""
+    import tfdist
+    from tfdist.ps.server import PSServer
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.0, 1.0, size=(32, 8)).astype("float32")
+    x[0, 0] = 1.0  # the data's max
+    y = rng.normal(size=(32, 3)).astype("float32")
+    server = PSServer(None, token=TOKEN, num_workers=2).start()
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": [server.address]}
+    strategies = []
+    try:
+        models = []
+        for task in ("worker:0", "worker:1"):
+            strategy = tfdist.ParameterServerStrategy(cluster=cluster, task=task, token=TOKEN)
+            strategies.append(strategy)
+            models.append(_tracking_model(strategy))
+            models[-1][0].predict(x[:8], verbose=0)  # joins the job: both start from the initial values
+        steps = {0: 4, 1: 2}
+        for i, (model, _) in enumerate(models):
+            model.fit(x[: 8 * steps[i]], y[: 8 * steps[i]], batch_size=8, epochs=1, shuffle=False, verbose=0)
+        for i, (strategy, (_, tracker)) in enumerate(zip(strategies, models)):
+            strategy.pull()
+            assert float(tracker.running_max.numpy()) == 1.0  # before: 2.0 on worker 1
+            assert float(tracker.steps.numpy()) == steps[i]  # before: the job's 6 on worker 1
+            assert int(tracker.int_steps.numpy()) == steps[i]
+            assert float(tracker.job_steps.numpy()) == sum(steps.values())
+        keys = [k for k, _, _ in strategies[0].placement_table()]
+        assert any(k.endswith("/job_steps") for k in keys) and not any(
+            k.endswith(("/running_max", "/steps", "/int_steps")) for k in keys), keys
+    finally:
+        for s in strategies:
+            s.shutdown()
+        server.stop(0)

@@ -31,3 +31,9 @@ def test_distinct_names_stay_distinct_and_unnumbered_ones_are_kept():
     names = ["model/encoder/conv2d_3x3/kernel", "model/block_7/kernel", "model/block_9/kernel", "model/head/kernel"]
     assert _canonical(names) == ["model/encoder/conv2d_3x3/kernel", "model/block/kernel", "model/block_1/kernel",
                                  "model/head/kernel"]
+
+
+def test_weights_created_without_a_name_are_renumbered_too():
+    first = ["model/tracker/variable_4", "model/tracker/variable_5", "adam/model_tracker_variable_5_momentum"]
+    assert _canonical(first) == ["model/tracker/variable", "model/tracker/variable_1",
+                                 "adam/model_tracker_variable_1_momentum"]

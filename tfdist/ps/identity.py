@@ -6,7 +6,8 @@ Keras names an object without a name from a per-process counter
 chief only) shifts those counters, so the same model gets
 ``sequential/dense_1/kernel`` in one process and ``sequential/dense/kernel``
 in another. :class:`CanonicalNames` removes that dependence: every path
-component ``base`` or ``base_N`` is renumbered by the order in which the
+component ``base`` or ``base_N`` (the variable's own name too: a weight
+created without a name is ``variable_N``) is renumbered by the order in which the
 job's own variables first name it (the first ``dense*`` seen becomes
 ``dense``, the second ``dense_1``, …), and the flattened paths inside
 optimizer slot names (``adam_1/sequential_dense_1_kernel_momentum``) follow
@@ -76,4 +77,5 @@ class CanonicalNames:
     def canonical(self, name: str) -> str:
         """``name`` (a variable path, ``/``-separated) with its counters renumbered; records new components."""
         *scopes, leaf = name.split("/")
-        return "/".join([*(self._component(p) for p in scopes), self._leaf(leaf)])
+        own = self._component(leaf)  # a weight created without a name: ``variable``, ``variable_1``, …
+        return "/".join([*(self._component(p) for p in scopes), own if own != leaf else self._leaf(leaf)])

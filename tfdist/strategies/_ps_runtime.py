@@ -44,6 +44,7 @@ from tfdist.ps.protocol import MAX_LOOKUP_TABLES, CheckpointRequest
 from tfdist.ps.sparse import TableSpec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.strategies._derived_state import DerivedStateLayers
+from tfdist.strategies._shared_state import layer_state_is_shared
 from tfdist.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
 
 __all__ = ["PSRuntime", "UpdatePathRuntime", "GradientPathRuntime", "VariableRegistry", "make_runtime",
@@ -65,24 +66,25 @@ _PS_AGGREGATIONS = (tf.VariableAggregation.NONE, tf.VariableAggregation.MEAN)
 _OPTIMIZER_AGGREGATION = tf.VariableAggregation.ONLY_FIRST_REPLICA
 
 
-def default_variable_filter(name: str, kwargs: Mapping[str, Any]) -> bool:
+def default_variable_filter(name: str, kwargs: Mapping[str, Any], owner: Any = None) -> bool:
     """True for model variables, which belong on the parameter servers.
 
-    Model weights and non-trainable layer state (BatchNorm moving statistics)
-    go to the PS. Optimizer slots (created with ``colocate_with``), optimizer
-    counters and learning rates (``ONLY_FIRST_REPLICA``), metric accumulators
-    (``SUM``), random-seed state and integer variables are not model
-    variables (on the gradient path the optimizer's variables also go to the
-    PS, as part of the state snapshot; see :func:`_is_optimizer_variable`).
+    Model weights and the statistics of Keras's layers (BatchNorm moving
+    statistics, Normalization's mean/variance) go to the PS; a custom layer's
+    non-trainable state only when marked with ``aggregation="sum"``/``"mean"``
+    (``_shared_state.py``). Optimizer slots (created with ``colocate_with``),
+    optimizer counters and learning rates (``ONLY_FIRST_REPLICA``), metric
+    accumulators (``SUM``), random-seed state and integer variables are not
+    model variables (on the gradient path the optimizer's variables also go to
+    the PS, as part of the state snapshot; see :func:`_is_optimizer_variable`).
+    ``owner``: the object creating the variable, when known.
     """
-    if kwargs.get("colocate_with") is not None:
+    if kwargs.get("colocate_with") is not None or "seed_generator" in name:
         return False
-    aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
-    if aggregation not in _PS_AGGREGATIONS:
-        return False
-    if "seed_generator" in name:
-        return False
-    return True
+    layer_state = layer_state_is_shared(kwargs, owner)
+    if layer_state is not None:
+        return layer_state
+    return kwargs.get("aggregation", tf.VariableAggregation.NONE) in _PS_AGGREGATIONS
 
 
 def _is_optimizer_variable(name: str, kwargs: Mapping[str, Any]) -> bool:
@@ -327,13 +329,19 @@ class PSRuntime:
     def specs(self) -> list[VariableSpec]:
         return self.registry.specs
 
-    def wants(self, name: str, kwargs: Mapping[str, Any]) -> bool:
-        """Whether a variable being created goes to the PS (never a derived-state mirror)."""
-        return not self.registry.derived.creating_mirror() and self.variable_filter(name, kwargs)
+    def wants(self, name: str, kwargs: Mapping[str, Any], owner=None) -> bool:
+        """Whether a variable being created goes to the PS (never a derived-state mirror); ``owner``: its creator."""
+        return not self.registry.derived.creating_mirror() and self._model_variable(name, kwargs, owner)
+
+    def _model_variable(self, name: str, kwargs: Mapping[str, Any], owner) -> bool:
+        """The variable filter's answer (the default one also looks at the variable's owner)."""
+        if self.variable_filter is default_variable_filter:
+            return default_variable_filter(name, kwargs, owner)
+        return self.variable_filter(name, kwargs)
 
     def register(self, var: tf.Variable, name: str, kwargs: Mapping[str, Any], owner=None) -> None:
         """Registers a variable :meth:`wants` (model variables must be floating point); ``owner``: its layer."""
-        model_variable = self.variable_filter(name, kwargs)
+        model_variable = self._model_variable(name, kwargs, owner)
         if model_variable and not var.dtype.is_floating:
             return
         self.registry.register(var, model_variable, frozen=self.session is not None, owner=owner,
@@ -1246,8 +1254,8 @@ class GradientPathRuntime(PSRuntime):
         return GradientSession(*args, checkpoint_every_s=ps.checkpoint_every_s if ps.checkpoint_dir else None,
                                **kwargs)
 
-    def wants(self, name: str, kwargs: Mapping[str, Any]) -> bool:
-        return super().wants(name, kwargs) or (
+    def wants(self, name: str, kwargs: Mapping[str, Any], owner=None) -> bool:
+        return super().wants(name, kwargs, owner) or (
             not self.registry.derived.creating_mirror() and _is_optimizer_variable(name, kwargs))
 
     def reduce_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
