@@ -139,3 +139,30 @@ def test_non_trainable_state_of_a_custom_layer_is_local_unless_marked_with_aggre
         for s in strategies:
             s.shutdown()
         server.stop(0)
+
+
+@pytest.mark.xfail(strict=True, reason="issue #21 item 7b, not fixed yet: under BSP/SyncReplicas the epoch logs are "
+                   "each worker's own, so a log-driven callback decides per worker (README: Logs under BSP)")
+def test_a_callback_that_reads_the_epoch_logs_decides_alike_on_every_bsp_worker(tmp_path, scripts_dir):
+    """Two BSP worker processes whose own losses straddle a callback's bound: the job's logs make it decide alike.
+
+    Observed: worker 0 lowers its learning rate and worker 1 does not; both apply the shared gradient with their
+    own rate and end with different weights after ``pull()``.
+    """
+    import json
+    import os
+
+    from tfdist.config import JobConfig
+    from tfdist.testing import LocalCluster
+
+    out = tmp_path / "out"
+    out.mkdir()
+    config = JobConfig.from_dict({"ps": {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 3}})
+    with LocalCluster(workers=2, ps=1, config=config, log_dir=str(tmp_path / "logs")) as cluster:
+        cluster.start(os.path.join(scripts_dir, "log_decision_worker.py"), ["--out", str(out)])
+        cluster.wait(240)
+    results = [json.loads((out / f"worker-{i}.json").read_text()) for i in range(2)]
+    w0, w1 = (np.load(out / f"weights-{i}.npz") for i in range(2))
+    gap = max(float(np.abs(w0[key] - w1[key]).max()) for key in w0.files)
+    assert results[0]["learning_rate"] == results[1]["learning_rate"] and gap == 0.0, (results, gap)
+    assert results[0]["losses"] == results[1]["losses"], results
