@@ -140,6 +140,8 @@ def load_into(model, directory: str, step: int | None = None, include_optimizer:
     canonical = {names.canonical(w.path): w for w in weights}
     if len(matched) < len(weights):
         matched = {name: canonical[name] for name in values if name in canonical}
+        if any(tuple(w.shape) != values[name].shape for name, w in matched.items()):
+            matched = {}  # the same names, another model: by position, which says what differs
     if len(matched) < len(weights):
         matched = _match_by_position(weights, values, info)
     for name, var in matched.items():
