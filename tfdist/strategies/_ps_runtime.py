@@ -44,7 +44,7 @@ from tfdist.ps.protocol import MAX_LOOKUP_TABLES, CheckpointRequest
 from tfdist.ps.sparse import TableSpec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.strategies._derived_state import DerivedStateLayers
-from tfdist.strategies._shared_state import layer_state_is_shared
+from tfdist.strategies._shared_state import default_variable_filter
 from tfdist.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
 
 __all__ = ["PSRuntime", "UpdatePathRuntime", "GradientPathRuntime", "VariableRegistry", "make_runtime",
@@ -62,29 +62,7 @@ MAX_ROW_PUSHES_IN_FLIGHT = 4
 #: Names of the per-step exchange counters added to Keras logs (History, TensorBoard).
 STAT_NAMES = ("ps_step", "ps_dropped", "ps_waits", "ps_staleness", "ps_refreshes")
 
-_PS_AGGREGATIONS = (tf.VariableAggregation.NONE, tf.VariableAggregation.MEAN)
 _OPTIMIZER_AGGREGATION = tf.VariableAggregation.ONLY_FIRST_REPLICA
-
-
-def default_variable_filter(name: str, kwargs: Mapping[str, Any], owner: Any = None) -> bool:
-    """True for model variables, which belong on the parameter servers.
-
-    Model weights and the statistics of Keras's layers (BatchNorm moving
-    statistics, Normalization's mean/variance) go to the PS; a custom layer's
-    non-trainable state only when marked with ``aggregation="sum"``/``"mean"``
-    (``_shared_state.py``). Optimizer slots (created with ``colocate_with``),
-    optimizer counters and learning rates (``ONLY_FIRST_REPLICA``), metric
-    accumulators (``SUM``), random-seed state and integer variables are not
-    model variables (on the gradient path the optimizer's variables also go to
-    the PS, as part of the state snapshot; see :func:`_is_optimizer_variable`).
-    ``owner``: the object creating the variable, when known.
-    """
-    if kwargs.get("colocate_with") is not None or "seed_generator" in name:
-        return False
-    layer_state = layer_state_is_shared(kwargs, owner)
-    if layer_state is not None:
-        return layer_state
-    return kwargs.get("aggregation", tf.VariableAggregation.NONE) in _PS_AGGREGATIONS
 
 
 def _is_optimizer_variable(name: str, kwargs: Mapping[str, Any]) -> bool:

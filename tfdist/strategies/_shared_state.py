@@ -1,4 +1,4 @@
-"""Which non-trainable state of a layer the parameter servers share (README "What lives where").
+"""Which variables the parameter servers share (README "What lives where"): the default variable filter.
 
 A layer's trainable weights are the model and always shared. Its
 non-trainable state is of two kinds:
@@ -26,8 +26,10 @@ from typing import Any, Mapping
 import keras
 import tensorflow as tf
 
-__all__ = ["layer_state_is_shared"]
+__all__ = ["default_variable_filter", "layer_state_is_shared"]
 
+#: Aggregations of variables the parameter servers hold (metric accumulators are ``SUM``).
+_PS_AGGREGATIONS = (tf.VariableAggregation.NONE, tf.VariableAggregation.MEAN)
 #: Aggregations that mark a custom layer's non-trainable state as shared.
 SHARED_MARKS = (tf.VariableAggregation.SUM, tf.VariableAggregation.MEAN)
 
@@ -57,3 +59,24 @@ def layer_state_is_shared(kwargs: Mapping[str, Any], owner: Any) -> bool | None:
     if any(_is_keras_layer_class(cls) for cls in type(owner).__mro__):
         return True
     return kwargs.get("aggregation", tf.VariableAggregation.NONE) in SHARED_MARKS
+
+
+def default_variable_filter(name: str, kwargs: Mapping[str, Any], owner: Any = None) -> bool:
+    """True for model variables, which belong on the parameter servers.
+
+    Model weights and the statistics of Keras's layers (BatchNorm moving
+    statistics, Normalization's mean/variance) go to the PS; a custom layer's
+    non-trainable state only when marked with ``aggregation="sum"``/``"mean"``
+    (``_shared_state.py``). Optimizer slots (created with ``colocate_with``),
+    optimizer counters and learning rates (``ONLY_FIRST_REPLICA``), metric
+    accumulators (``SUM``), random-seed state and integer variables are not
+    model variables (on the gradient path the optimizer's variables also go to
+    the PS, as part of the state snapshot: ``_ps_runtime._is_optimizer_variable``).
+    ``owner``: the object creating the variable, when known.
+    """
+    if kwargs.get("colocate_with") is not None or "seed_generator" in name:
+        return False
+    layer_state = layer_state_is_shared(kwargs, owner)
+    if layer_state is not None:
+        return layer_state
+    return kwargs.get("aggregation", tf.VariableAggregation.NONE) in _PS_AGGREGATIONS
