@@ -29,6 +29,7 @@ import numpy as np
 
 from tfdist.errors import TfdistError
 from tfdist.ps import checkpoint as _files
+from tfdist.ps.identity import CanonicalNames
 
 __all__ = ["CheckpointInfo", "read", "load_into", "latest_steps"]
 
@@ -108,10 +109,12 @@ def read(directory: str, step: int | None = None) -> tuple[CheckpointInfo, dict[
 def load_into(model, directory: str, step: int | None = None, include_optimizer: bool = True) -> CheckpointInfo:
     """Loads the PS checkpoints in ``directory`` into ``model`` (a plain Keras model; no strategy needed).
 
-    Variables are matched by their Keras path (``sequential/dense/kernel``);
-    when a model built elsewhere names its layers differently
-    (``sequential_1/dense_3/...``), by position among the model's weights,
-    provided the shapes agree one by one. On the gradient path the
+    Variables are matched by their Keras path (``sequential/dense/kernel``),
+    then by that path with Keras's auto-name counters renumbered as the job
+    names its variables (:class:`tfdist.ps.identity.CanonicalNames`: a model
+    built after other objects, ``sequential_1/dense_3/...``, still matches);
+    failing both, by position among the model's weights, provided the shapes
+    agree one by one. On the gradient path the
     checkpoint also holds the optimizer's state: with ``include_optimizer``
     it is loaded into ``model.optimizer`` when that optimizer is built
     (``model.optimizer.build(model.trainable_variables)``).
@@ -133,6 +136,12 @@ def load_into(model, directory: str, step: int | None = None, include_optimizer:
     weights = list(model.weights)
     by_path = {w.path: w for w in weights}
     matched = {name: by_path[name] for name in values if name in by_path}
+    names = CanonicalNames()  # fed as the job fed its own: the model's variables, then the optimizer's
+    canonical = {names.canonical(w.path): w for w in weights}
+    if len(matched) < len(weights):
+        matched = {name: canonical[name] for name in values if name in canonical}
+        if any(tuple(w.shape) != values[name].shape for name, w in matched.items()):
+            matched = {}  # the same names, another model: by position, which says what differs
     if len(matched) < len(weights):
         matched = _match_by_position(weights, values, info)
     for name, var in matched.items():
@@ -141,8 +150,9 @@ def load_into(model, directory: str, step: int | None = None, include_optimizer:
     optimizer = getattr(model, "optimizer", None)
     if include_optimizer and optimizer is not None and getattr(optimizer, "built", False):
         for var in optimizer.variables:
-            if var.path in values and tuple(var.shape) == values[var.path].shape:
-                _assign(var, values[var.path], var.path)
+            name = var.path if var.path in values else names.canonical(var.path)
+            if name in values and tuple(var.shape) == values[name].shape:
+                _assign(var, values[name], name)
                 loaded_optimizer += 1
     logger.info("loaded %d weights (%d optimizer variables) from %s, step(s) %s", len(matched), loaded_optimizer,
                 directory, info.steps)

@@ -58,14 +58,14 @@ class ParameterServerExtended(StepExtended):
     def _create_variable(self, next_creator, **kwargs):
         refuse_legacy_keras()
         name = str(kwargs.get("name") or "")
-        on_ps = self._runtime.wants(name, kwargs)
+        owner = keras_variable_owner()
+        on_ps = self._runtime.wants(name, kwargs, owner)
         # Created while a step traces (an optimizer built by its first apply_gradients in a custom loop):
         # TF runs such initialisers in a function of their own before the step, and under the step's
         # control dependency on the begin op that function would start the step (and initialise the PS
         # from variables not initialised yet). The initial value needs nothing of the step.
         with tf.control_dependencies(None) if self._in_step else contextlib.nullcontext():
             var = super()._create_variable(next_creator, **kwargs)
-        owner = keras_variable_owner()
         if isinstance(owner, keras.optimizers.Optimizer):
             self._runtime.note_optimizer(owner)
         if on_ps:

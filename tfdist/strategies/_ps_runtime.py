@@ -38,12 +38,14 @@ from tfdist.config import JobConfig, TaskSpec
 from tfdist.consistency import ConsistencyPolicy, policy_from_spec
 from tfdist.errors import ClusterError, PSRestartedError, PSUnavailableError
 from tfdist.ps.client import PSClient
+from tfdist.ps.identity import CanonicalNames
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.ps.protocol import MAX_LOOKUP_TABLES, CheckpointRequest, DoneRequest, StatusRequest
 from tfdist.ps.replies import StatusReply
 from tfdist.ps.sparse import TableSpec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.strategies._derived_state import DerivedStateLayers
+from tfdist.strategies._shared_state import default_variable_filter
 from tfdist.slowdown import ENV_SLOWDOWN, StepSlowdown, slowdown_from_env
 
 __all__ = ["PSRuntime", "UpdatePathRuntime", "GradientPathRuntime", "VariableRegistry", "make_runtime",
@@ -61,28 +63,7 @@ MAX_ROW_PUSHES_IN_FLIGHT = 4
 #: Names of the per-step exchange counters added to Keras logs (History, TensorBoard).
 STAT_NAMES = ("ps_step", "ps_dropped", "ps_waits", "ps_staleness", "ps_refreshes")
 
-_PS_AGGREGATIONS = (tf.VariableAggregation.NONE, tf.VariableAggregation.MEAN)
 _OPTIMIZER_AGGREGATION = tf.VariableAggregation.ONLY_FIRST_REPLICA
-
-
-def default_variable_filter(name: str, kwargs: Mapping[str, Any]) -> bool:
-    """True for model variables, which belong on the parameter servers.
-
-    Model weights and non-trainable layer state (BatchNorm moving statistics)
-    go to the PS. Optimizer slots (created with ``colocate_with``), optimizer
-    counters and learning rates (``ONLY_FIRST_REPLICA``), metric accumulators
-    (``SUM``), random-seed state and integer variables are not model
-    variables (on the gradient path the optimizer's variables also go to the
-    PS, as part of the state snapshot; see :func:`_is_optimizer_variable`).
-    """
-    if kwargs.get("colocate_with") is not None:
-        return False
-    aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
-    if aggregation not in _PS_AGGREGATIONS:
-        return False
-    if "seed_generator" in name:
-        return False
-    return True
 
 
 def _is_optimizer_variable(name: str, kwargs: Mapping[str, Any]) -> bool:
@@ -135,6 +116,8 @@ class VariableRegistry:
         self.variables: list[tf.Variable] = []
         self.specs: list[VariableSpec] = []
         self._keys_by_var: dict[int, str] = {}
+        #: Keys name variables by creation order and path, with Keras's auto-name counters renumbered.
+        self._names = CanonicalNames()
         #: Names of variables created after the PS was initialised (they stay local).
         self.late: list[str] = []
         #: Owners of registered variables that implement ``finalize_state``.
@@ -169,7 +152,7 @@ class VariableRegistry:
                 name,
             )
             return
-        key = f"{len(self.variables):04d}/{name}"
+        key = f"{len(self.variables):04d}/{self._names.canonical(name)}"
         self.variables.append(var)
         self._keys_by_var[id(var)] = key
         self.specs.append(VariableSpec(key, _numpy_dtype_name(var.dtype), tuple(var.shape.as_list()),
@@ -325,13 +308,19 @@ class PSRuntime:
     def specs(self) -> list[VariableSpec]:
         return self.registry.specs
 
-    def wants(self, name: str, kwargs: Mapping[str, Any]) -> bool:
-        """Whether a variable being created goes to the PS (never a derived-state mirror)."""
-        return not self.registry.derived.creating_mirror() and self.variable_filter(name, kwargs)
+    def wants(self, name: str, kwargs: Mapping[str, Any], owner=None) -> bool:
+        """Whether a variable being created goes to the PS (never a derived-state mirror); ``owner``: its creator."""
+        return not self.registry.derived.creating_mirror() and self._model_variable(name, kwargs, owner)
+
+    def _model_variable(self, name: str, kwargs: Mapping[str, Any], owner) -> bool:
+        """The variable filter's answer (the default one also looks at the variable's owner)."""
+        if self.variable_filter is default_variable_filter:
+            return default_variable_filter(name, kwargs, owner)
+        return self.variable_filter(name, kwargs)
 
     def register(self, var: tf.Variable, name: str, kwargs: Mapping[str, Any], owner=None) -> None:
         """Registers a variable :meth:`wants` (model variables must be floating point); ``owner``: its layer."""
-        model_variable = self.variable_filter(name, kwargs)
+        model_variable = self._model_variable(name, kwargs, owner)
         if model_variable and not var.dtype.is_floating:
             return
         self.registry.register(var, model_variable, frozen=self.session is not None, owner=owner,
@@ -1244,8 +1233,8 @@ class GradientPathRuntime(PSRuntime):
         return GradientSession(*args, checkpoint_every_s=ps.checkpoint_every_s if ps.checkpoint_dir else None,
                                **kwargs)
 
-    def wants(self, name: str, kwargs: Mapping[str, Any]) -> bool:
-        return super().wants(name, kwargs) or (
+    def wants(self, name: str, kwargs: Mapping[str, Any], owner=None) -> bool:
+        return super().wants(name, kwargs, owner) or (
             not self.registry.derived.creating_mirror() and _is_optimizer_variable(name, kwargs))
 
     def reduce_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
