@@ -141,8 +141,6 @@ def test_non_trainable_state_of_a_custom_layer_is_local_unless_marked_with_aggre
         server.stop(0)
 
 
-@pytest.mark.xfail(strict=True, reason="issue #21 item 7b, not fixed yet: under BSP/SyncReplicas the epoch logs are "
-                   "each worker's own, so a log-driven callback decides per worker (README: Logs under BSP)")
 def test_a_callback_that_reads_the_epoch_logs_decides_alike_on_every_bsp_worker(tmp_path, scripts_dir):
     """Two BSP worker processes whose own losses straddle a callback's bound: the job's logs make it decide alike.
 

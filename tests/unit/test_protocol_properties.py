@@ -119,7 +119,8 @@ TYPED = {
     "undrain": st.lists(st.integers(0, NUM_WORKERS), unique=True, max_size=2),
     "gone": st.lists(st.integers(0, NUM_WORKERS + 1), unique=True, max_size=2),
     "total_batches": st.integers(0, 5), "brief": st.booleans(), "reset": st.booleans(),
-    "at_step": st.integers(0, 4), "incarnation": st.integers(0, 3),
+    "at_step": st.integers(0, 4), "incarnation": st.integers(0, 3), "epoch": st.integers(0, 3),
+    "logs": st.dictionaries(st.sampled_from(["loss", "accuracy", "val_loss"]), st.floats(-5, 5), max_size=3),
     "key": st.sampled_from(["t", "a", "zzz"]), "learning_rate": st.floats(0, 1),
     "sparse": st.lists(st.sampled_from(["a", "b", "zzz"]), unique=True, max_size=2),
     "also": st.lists(st.sampled_from(["t", "a", "zzz"]), max_size=3),
@@ -133,6 +134,8 @@ MALFORMED = {
     "policy": policy_spec, "num_workers": count, "nonfinite": garbage, "excluded": id_list, "drain": id_list,
     "undrain": id_list, "gone": id_list, "total_batches": count, "brief": garbage, "reset": garbage, "at_step": count, "incarnation": count, "sparse": key_list, "also": key_list,
     "key": garbage, "learning_rate": garbage, "tables": garbage,
+    "epoch": count, "logs": st.one_of(garbage, st.just({"loss": float("nan")}), st.just({"loss": 10**400}),
+                                      st.just({"": 1.0}), st.just({"loss": True})),
 }
 METHOD_FIELDS = {
     "Init": ["worker", "specs", "policy", "num_workers", "step", "nonfinite", "reset", "tables"],
@@ -147,10 +150,11 @@ METHOD_FIELDS = {
     "Lookup": ["worker", "key", "clock", "also"],
     "PushRows": ["worker", "key", "learning_rate", "step", "incarnation", "also"],
     "WriteRows": ["worker", "key", "incarnation"],
+    "EpochLogs": ["worker", "epoch", "logs"],
 }
 assert set(METHOD_FIELDS) == set(METHODS)
 #: Fields a method's parser requires (drawn always, so most requests reach the store).
-REQUIRED = {"worker", "specs", "step", "excluded", "key"}
+REQUIRED = {"worker", "specs", "step", "excluded", "key", "epoch", "logs"}
 
 
 @st.composite
@@ -234,7 +238,10 @@ def test_a_refused_request_changes_nothing_and_the_store_keeps_serving(kind, req
         ParameterService(store).handle(method, meta, tensors, budget=0.0)
     except RequestError as e:
         assert isinstance(e.grpc_code, str)
-        if method == "PushGradients" and "gradient is counted" in str(e):
+        if method == "EpochLogs" and "logs are counted" in str(e):
+            # Not a refusal either: the logs were reported; only the wait for the other workers ran out.
+            assert e.grpc_code == "ABORTED" and meta["worker"] in store.state()["epoch_reports"][meta["epoch"]]
+        elif method == "PushGradients" and "gradient is counted" in str(e):
             # Not a refusal: the gradient was accepted; only the wait for the rest of the step ran out.
             assert e.grpc_code == "ABORTED" and meta["worker"] in store.state()["contributors"]
         else:

@@ -290,3 +290,33 @@ def test_concurrent_checkpoint_requests_hold_one_copy_of_the_state_at_a_time(tmp
     writer.close(final=False)
     assert len(results) == 24 and all(path for _, path in results)
     assert peak[0] == 1
+
+
+# ------------------------------------------------------------------ the job's epoch logs
+def test_epoch_logs_are_the_jobs_mean_once_every_live_worker_reported():
+    store = make(SyncReplicasPolicy(2), max_wait_s=5.0)
+    results = {}
+
+    def report(worker, loss):
+        results[worker] = call(store, "EpochLogs", worker=worker, epoch=0, logs={"loss": loss, "acc": 0.5})[0]
+
+    t = threading.Thread(target=report, args=(1, 3.0))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not store.state()["epoch_reports"] and time.monotonic() < deadline:  # worker 1 waits for worker 0
+        time.sleep(0.005)
+    report(0, 1.0)
+    t.join(10)
+    assert results[0] == results[1] == {"logs": {"loss": 2.0, "acc": 0.5}, "workers": [0, 1], "epoch": 0}
+
+
+def test_a_restarted_worker_counts_on_from_the_jobs_epoch():
+    store = make(SyncReplicasPolicy(1), num_workers=1, max_wait_s=1.0)
+    for epoch in range(3):
+        assert call(store, "EpochLogs", worker=0, epoch=epoch, logs={"loss": 1.0})[0]["epoch"] == epoch
+    again = call(store, "EpochLogs", worker=0, epoch=0, logs={"loss": 5.0})[0]  # its script runs again
+    assert again["epoch"] == 3 and again["logs"] == {"loss": 5.0}
+
+
+def test_epoch_logs_are_refused_on_an_update_path_job():
+    refused(make(AsyncPolicy()), "EpochLogs", code="FAILED_PRECONDITION", worker=0, epoch=0, logs={"loss": 1.0})

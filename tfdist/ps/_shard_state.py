@@ -52,6 +52,7 @@ def state(store) -> dict[str, Any]:
     """Everything the store holds, copied: what a refused request must leave unchanged."""
     return {
         **store.variables.state(), **store.barrier.state(), **store.members.state(), **store.table_shards.state(),
+        **store.epoch_logs_barrier.state(),
         **schema.snapshot(store, STORE_FIELDS),
         "policy": store.policy.describe() if store.policy else None,
         "policy_state": store.policy.state() if store.policy else None,

@@ -55,6 +55,7 @@ __all__ = [
     "RestoreRequest",
     "LookupRequest",
     "PushRowsRequest",
+    "EpochLogsRequest",
     "TableShard",
     "method_of",
     "parse",
@@ -906,6 +907,41 @@ class ControlRequest:
                    f.int("total_batches", 1, MAX_COUNT, None))
 
 
+#: Most entries an epoch's logs may have.
+MAX_LOG_ENTRIES = 1024
+
+
+@dataclass(frozen=True)
+class EpochLogsRequest:
+    """A worker's logs at the end of its ``epoch``-th epoch (gradient path): answered with the job's.
+
+    ``epoch`` counts the worker's epoch ends from its session's start (every
+    worker of a synchronous job runs the same epochs). ``logs``: name →
+    finite number. Waits (bounded) until every live worker reported that
+    epoch; reply: the mean of each entry over the workers that reported it.
+    """
+
+    worker: int
+    epoch: int
+    logs: Mapping[str, float]
+
+    def to_wire(self):
+        return {"worker": self.worker, "epoch": self.epoch, "logs": dict(self.logs)}, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("EpochLogs", tensors)
+        logs = f.get("logs")
+        if not isinstance(logs, dict) or len(logs) > MAX_LOG_ENTRIES:
+            raise f._fail("logs", logs, f"an object of at most {MAX_LOG_ENTRIES} name: number entries")
+        for name, value in logs.items():
+            _check_key("EpochLogs", name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not -MAX_LOSS <= value <= MAX_LOSS or not math.isfinite(value):
+                raise f._fail(f"logs.{name}", value, "a finite number")
+        return cls(f.worker(), f.int("epoch", 0, MAX_COUNT), {k: float(v) for k, v in logs.items()})
+
+
 _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "Init": InitRequest.parse,
     "WaitInit": WaitInitRequest.parse,
@@ -926,6 +962,7 @@ _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "Lookup": LookupRequest.parse,
     "PushRows": PushRowsRequest.parse,
     "WriteRows": WriteRowsRequest.parse,
+    "EpochLogs": EpochLogsRequest.parse,
 }
 
 #: Methods of :data:`SERVICE` (every request and reply is a :mod:`tfdist.wire` message).

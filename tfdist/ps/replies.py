@@ -26,7 +26,8 @@ from tfdist.ps.protocol import ProtocolError, short
 __all__ = [
     "InitReply", "WaitInitReply", "PullReply", "PushReply", "PushPullReply", "GradientsReply", "PutStateReply",
     "SetExcludedReply", "LiveWorkersReply", "StatusReply", "DoneReply", "ShutdownReply", "ControlReply",
-    "CheckpointReply", "RestoreReply", "LookupReply", "PushRowsReply", "WriteRowsReply", "REPLIES", "parse_reply",
+    "CheckpointReply", "RestoreReply", "LookupReply", "PushRowsReply", "WriteRowsReply", "EpochLogsReply", "REPLIES",
+    "parse_reply",
 ]
 
 _NO_TENSORS: Mapping[str, np.ndarray] = {}
@@ -40,10 +41,14 @@ def _check(cls_name: str, name: str, value: Any, kind: str) -> Any:
         "opt_str": lambda v: v is None or isinstance(v, str),
         "ints": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool)
                                                                 for x in v),
+        "numbers": lambda v: isinstance(v, Mapping) and all(
+            isinstance(k, str) and isinstance(x, (int, float)) and not isinstance(x, bool) for k, x in v.items()),
     }[kind](value)
     if not ok:
         raise ProtocolError(f"{cls_name}: reply field `{name}` is {short(value)}; expected {kind}. Are client and "
                             "server the same tfdist version?")
+    if kind == "numbers":
+        return {k: float(x) for k, x in value.items()}
     return tuple(value) if kind == "ints" else value
 
 
@@ -308,6 +313,20 @@ class WriteRowsReply(_Reply):
 
 
 @dataclass(frozen=True)
+class EpochLogsReply(_Reply):
+    """``EpochLogs``: the job's logs of the epoch (each entry's mean over ``workers``, those that reported it)."""
+
+    logs: Mapping[str, float]
+    workers: tuple[int, ...]
+    #: The epoch the report counted for (the worker counts on from it: see ``tfdist.ps._epoch_logs``).
+    epoch: int
+    _KINDS = _kinds(logs="numbers", workers="ints", epoch="int")
+
+    def to_wire(self):
+        return {"logs": dict(self.logs), "workers": list(self.workers), "epoch": self.epoch}, _NO_TENSORS
+
+
+@dataclass(frozen=True)
 class StatusReply:
     """``Status``: a PS task's counters, membership, policy and checkpoints (JSON-able, shown to users as is).
 
@@ -351,7 +370,7 @@ REPLIES = {
     "PushGradients": GradientsReply, "PutState": PutStateReply, "SetExcluded": SetExcludedReply,
     "Heartbeat": LiveWorkersReply, "Status": StatusReply, "Done": DoneReply, "Leave": LiveWorkersReply,
     "Shutdown": ShutdownReply, "Control": ControlReply, "Checkpoint": CheckpointReply, "Restore": RestoreReply,
-    "Lookup": LookupReply, "PushRows": PushRowsReply, "WriteRows": WriteRowsReply,
+    "Lookup": LookupReply, "PushRows": PushRowsReply, "WriteRows": WriteRowsReply, "EpochLogs": EpochLogsReply,
 }
 
 

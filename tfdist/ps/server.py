@@ -183,6 +183,9 @@ class ParameterService:
     def _rpc_WriteRows(self, req: protocol.WriteRowsRequest, budget, cancelled):
         return self.store.write_rows(req)
 
+    def _rpc_EpochLogs(self, req: protocol.EpochLogsRequest, budget, cancelled):
+        return self.store.epoch_logs(req, budget, cancelled)
+
     def _rpc_Restore(self, req: protocol.RestoreRequest, budget, cancelled):
         self.store.check_path(req.worker, "gradient")  # a roll-back is the gradient path's recovery
         if self.checkpointer is None:

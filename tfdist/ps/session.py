@@ -37,6 +37,7 @@ from tfdist.ps.sparse import TableSpec, shard_of
 from tfdist.ps.protocol import (
     CheckpointRequest,
     DoneRequest,
+    EpochLogsRequest,
     HeartbeatRequest,
     InitRequest,
     LeaveRequest,
@@ -1010,6 +1011,12 @@ class GradientSession(WorkerSession):
             self.global_step = min(steps)
         self._note_membership(ordered)
         self.known_global_step = max([self.known_global_step] + [r.global_step or 0 for r in ordered])
+
+    def job_epoch_logs(self, epoch: int, logs: Mapping[str, float]) -> tuple[int, dict[str, float]]:
+        """This worker's logs of its ``epoch``-th epoch end; returns ``(the epoch they counted for, the job's logs)``
+        (their mean, from PS task 0)."""
+        reply = self.client.request(0, EpochLogsRequest(self.worker_id, epoch, dict(logs)))
+        return reply.epoch, dict(reply.logs)
 
     def catch_up(self, as_reader: bool = False) -> dict[str, np.ndarray] | None:
         """The job's latest state snapshot, if it is newer than this worker's state (else ``None``).

@@ -42,6 +42,7 @@ from tfdist.consistency import policy_from_spec
 from tfdist.consistency.base import ConsistencyPolicy, GradientAction, PolicyContext, PushAction
 from tfdist.ps import _shard_state
 from tfdist.ps._barrier import AGGREGATE_HISTORY, GradientBarrier
+from tfdist.ps._epoch_logs import EpochLogBarrier
 from tfdist.ps._membership import Membership
 from tfdist.ps._table_shards import TableShards
 from tfdist.ps._variables import DenseVariables, all_finite
@@ -49,6 +50,7 @@ from tfdist.ps._waits import WAIT_TIMEOUT_CODE, BoundedWaits, Cancelled, StoreEr
 from tfdist.ps.placement import VariableSpec
 from tfdist.ps.replies import (
     ControlReply,
+    EpochLogsReply,
     GradientsReply,
     InitReply,
     LookupReply,
@@ -62,6 +64,7 @@ from tfdist.ps.replies import (
 )
 from tfdist.ps.protocol import (
     ControlRequest,
+    EpochLogsRequest,
     InitRequest,
     LookupRequest,
     PullRequest,
@@ -134,6 +137,7 @@ class ParameterStore:
         self.members = Membership(num_workers, starting_workers, heartbeat_timeout_s, startup_grace_s, time_fn)
         self.variables = DenseVariables()
         self.barrier = GradientBarrier()
+        self.epoch_logs_barrier = EpochLogBarrier()
         self.table_shards = TableShards()
         #: Identifies this run of the PS task's state: random per start, new after a reset or a
         #: roll-back (replies carry it; a worker that sees it change re-syncs).
@@ -526,6 +530,24 @@ class ParameterStore:
         self.members.add_progress(aggregated)
         self.policy.on_step_boundary(self._ctx())
         self._cond.notify_all()
+
+    def epoch_logs(self, req: EpochLogsRequest, timeout: float | None = None,
+                   cancelled: Cancelled = never) -> EpochLogsReply:
+        """A worker's logs at the end of an epoch; answers with the job's (gradient path, see ``_epoch_logs``).
+
+        Waits (bounded) until every live worker reported the epoch. If the
+        wait runs out, the report still counts (the error says so).
+        """
+        with self._cond:
+            self._check_worker_request(req.worker, None, "gradient")
+            self._touch(req.worker)
+            epoch = self.epoch_logs_barrier.report(req.worker, req.epoch, req.logs)
+            self._cond.notify_all()
+            self.waits.wait_for(lambda: self.epoch_logs_barrier.decide(epoch, self._ctx().awaited), timeout,
+                                f"share epoch {epoch}'s logs (this worker's logs are counted)", cancelled,
+                                counted=False)
+            logs, workers = self.epoch_logs_barrier.answer(epoch)
+            return EpochLogsReply(dict(logs), workers, epoch)
 
     def _apply_step_rows(self, key: str, rows: np.ndarray, grads: np.ndarray, lr: float | None) -> None:
         self.table_shards.tables[key].apply(rows, grads, lr)

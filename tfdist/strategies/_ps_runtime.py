@@ -42,6 +42,7 @@ from tfdist.ps.identity import CanonicalNames
 from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.ps.protocol import MAX_LOOKUP_TABLES, CheckpointRequest, DoneRequest, StatusRequest
 from tfdist.ps.replies import StatusReply
+from tfdist.strategies._job_logs import job_epoch_logs
 from tfdist.ps.sparse import TableSpec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.strategies._derived_state import DerivedStateLayers
@@ -1227,6 +1228,13 @@ class GradientPathRuntime(PSRuntime):
         # While a step traces: the keys of the pending exchange (filled as the optimizer's
         # updates trace, in gradient order) and the gradients' shapes.
         self._pending: tuple[list[str | None], list[tf.TensorShape]] | None = None
+
+    #: Epoch ends this worker has reported (the job's epoch logs are matched by it).
+    epochs_ended = 0
+
+    def job_epoch_logs(self, logs):
+        """The epoch logs callbacks see: the job's (see :mod:`tfdist.strategies._job_logs`)."""
+        return job_epoch_logs(self, logs, STAT_NAMES)
 
     def _new_session(self, *args, **kwargs) -> WorkerSession:
         ps = self.config.ps

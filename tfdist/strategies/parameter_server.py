@@ -41,6 +41,7 @@ from tfdist.errors import ConfigError
 from tfdist.ps.placement import PlacementPlan
 from tfdist.straggler.events import StragglerListener
 from tfdist.straggler.membership import StragglerEngine
+from tfdist.strategies._job_logs import install_job_epoch_logs
 from tfdist.strategies._ps_extended import ParameterServerExtended, install_plain_batch_results
 from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter, make_runtime
 from tfdist.strategies._tables import install_resident_embeddings
@@ -172,6 +173,7 @@ class ParameterServerStrategy(StrategyBase):
         if config.ps.resident_threshold_bytes is not None:  # large keras.layers.Embedding tables on the PS
             install_resident_embeddings()
         install_plain_batch_results()  # train_on_batch's list without the ps_* statistics, as plain Keras
+        install_job_epoch_logs()  # BSP/SyncReplicas: callbacks see the job's epoch logs
         super().__init__(ParameterServerExtended(self, self._runtime))
         # Keras builds from the dataset's element spec: no throwaway iterator (a SIGSEGV in TF 2.21 at times).
         build_from_element_spec(self)
