@@ -16,11 +16,17 @@ a headless Service; see :mod:`tfdist.cluster.k8s` and docs/kubernetes.md)::
     python -m tfdist.launch --config configs/multi_machine.yaml --emit kubeflow --image IMAGE train.py > job.yaml
 
 Exit codes: 0 when the chief (worker 0) and every worker the job did not go
-on without exited 0; 1 when a task failed that the job cannot do without (see
-``launch.on_worker_failure``; the others are stopped and the failed task is
-named) or the job ran past ``--timeout`` / ``launch.job_timeout_s``; 2 for a
-bad config or command line, before any task starts (``--emit``: 0 when the
-manifests are written, 2 for a bad config or option); 130 on Ctrl-C.
+on without exited 0, or exited non-zero after its training finished (it had
+told the parameter servers it was done, or they had ended the job); 1 when a
+task failed that the job cannot do without (see ``launch.on_worker_failure``;
+the others are stopped and the failed task is named) or the job ran past
+``--timeout`` / ``launch.job_timeout_s``; 2 for a bad config or command line,
+before any task starts, or when a task exits with code 78 (its script raised
+a ``ConfigError``: deterministic, so never restarted) (``--emit``: 0 when
+the manifests are written, 2 for a bad config or option); 130 on SIGINT
+(Ctrl-C) and 143 on SIGTERM, after every task was stopped. The launcher installs its
+own SIGINT and SIGTERM handlers, whatever it inherited (``nohup`` or a
+background job of a non-interactive shell start it with SIGINT ignored).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from tfdist import constants
 from tfdist.cluster import k8s
 from tfdist.cluster.local import LocalJob, task_argv, task_environment
 from tfdist.config import MAX_SECONDS, load_config, parse_task
-from tfdist.errors import ConfigError, LaunchError, TfdistError
+from tfdist.errors import ConfigError, LaunchError, TaskConfigError, TfdistError
 
 __all__ = ["main"]
 
@@ -144,6 +150,49 @@ def _emit(config, args) -> int:
     return 0
 
 
+class _Stopped(BaseException):
+    """Raised in the main thread by the launcher's SIGINT/SIGTERM handler (a BaseException: nothing swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _StopSignals:
+    """The launcher's own SIGINT and SIGTERM handlers, installed whatever the process inherited.
+
+    Python installs its KeyboardInterrupt handler only when SIGINT was not
+    inherited as ignored (``nohup``, a background job of a non-interactive
+    shell), and leaves SIGTERM at its default (die at once, leaving the tasks
+    to ``PR_SET_PDEATHSIG``). The first signal raises :class:`_Stopped` in the
+    main thread, which stops every task; later ones are logged and ignored
+    while the bounded stop runs.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self._previous: dict[int, object] = {}
+        self.received: int | None = None
+
+    def install(self) -> "_StopSignals":
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            logger.info("got %s again; already stopping every task", signal.Signals(signum).name)
+            return
+        self.received = signum
+        raise _Stopped(signum)
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+
 def _run_one_task(config, task, script, script_args) -> int:
     config.security.check_tls_files(job=task.job)
     if config.cluster.is_unassigned():
@@ -202,10 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         job.log_dir,
     )
 
-    def _interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_signals = _StopSignals().install()
     try:
         if job.config.elastic.enabled:
             from tfdist.elastic.local import run_local_elastic
@@ -217,15 +263,20 @@ def main(argv: list[str] | None = None) -> int:
         else:
             job.start()
             job.wait(timeout, timeout_setting=timeout_setting)
-    except KeyboardInterrupt:
-        print("tfdist.launch: interrupted; stopping every task", file=sys.stderr)
+    except (_Stopped, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, _Stopped) else signal.SIGINT
+        print(f"tfdist.launch: got {signal.Signals(signum).name}; stopping every task", file=sys.stderr)
         job.stop(grace=3.0)
-        return 130
+        return 128 + signum
+    except TaskConfigError as e:
+        print(f"tfdist.launch: {e}", file=sys.stderr)
+        return 2
     except LaunchError as e:
         print(f"tfdist.launch: {e}", file=sys.stderr)
         return 1
     finally:
         job.stop()
+        stop_signals.restore()
     if job.failed_workers:
         logger.warning("job %r finished without %s, which failed (launch.on_worker_failure=%s); logs in %s",
                        config.name, ", ".join(map(str, job.failed_workers)), config.launch.on_worker_failure,
