@@ -122,3 +122,33 @@ def test_a_chief_that_crashed_before_saying_done_is_restarted(tmp_path):
     assert r.returncode == 1, r.stderr[-3000:]
     assert "restarting it (1 of at most 1" in r.stderr, r.stderr[-3000:]
     assert _runs(tmp_path) == ["worker:0 crash"] * 2
+
+
+def test_a_ps_task_stopped_by_sigterm_is_started_again(tmp_path):
+    """Preemption: a PS task that got SIGTERM writes its checkpoint and exits 143, so launch.restart_ps applies."""
+    proc = subprocess.Popen(_argv(tmp_path, "wait"), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 90
+
+        def read_until(text):
+            for line in proc.stdout:  # bounded by the deadline, checked at every line
+                lines.append(line)
+                if text in line or time.monotonic() > deadline:
+                    break
+            assert any(text in line for line in lines), "".join(lines)
+
+        read_until("ready")
+        ps = [p for p in psutil.Process(proc.pid).children(recursive=True)
+              if "tfdist.ps" in " ".join(p.cmdline())]
+        assert len(ps) == 1, ps
+        ps[0].send_signal(signal.SIGTERM)
+        read_until("Task ps:0 exited with code 143; restarting it (1 of at most 3")
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 143, "".join(lines) + rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
