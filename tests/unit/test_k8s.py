@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tfdist import constants
-from tfdist.cluster import k8s
+from tfdist.cluster import k8s, resolve_cluster
 from tfdist.launch import main
 from tfdist.config import JobConfig, TaskSpec, load_config
 from tfdist.errors import ConfigError
@@ -69,15 +69,14 @@ def _pod_dns_names(docs):
 def _operator_tf_config(tfjob, replica_type, index):
     """The TF_CONFIG the Kubeflow training operator (v1) writes into a TFJob pod, from the TFJob alone.
 
-    As the operator's ``genTFConfigJSONStr``/``genClusterSpec``: every replica type but ``Evaluator``
-    (not part of the training cluster) lower-cased, ``<name>-<type>-<i>.<namespace>.svc:<port>`` with the
-    port of the ``tensorflow`` container's ``tfjob-port`` (2222 without one), and ``environment: cloud``.
+    As the operator's ``genTFConfigJSONStr``/``genClusterSpec`` (training-operator v1.2 to v1.9,
+    ``pkg/controller.v1/tensorflow/tensorflow.go``): every replica type, ``Evaluator`` included (only the
+    tf-operator of v1.0/v1.1 skipped it), lower-cased, ``<name>-<type>-<i>.<namespace>.svc:<port>`` with
+    the port of the ``tensorflow`` container's ``tfjob-port`` (2222 without one), and ``environment: cloud``.
     """
     name, namespace = tfjob["metadata"]["name"], tfjob["metadata"]["namespace"]
     cluster = {}
     for rtype, spec in tfjob["spec"]["tfReplicaSpecs"].items():
-        if rtype == "Evaluator":
-            continue
         port = 2222
         for container in spec["template"]["spec"]["containers"]:
             if container["name"] == "tensorflow":
@@ -237,10 +236,13 @@ def test_the_operators_tf_config_is_the_configs(make_config, namespace):
         for index in range(spec["replicas"]):
             task = TaskSpec(rtype.lower(), index)
             expected = addressed.tf_config(task)
-            # The operator leaves evaluators out of the cluster (TF's convention; a tfdist evaluator needs only
-            # the PS addresses) and adds "environment", which tfdist ignores.
-            expected["cluster"].pop("evaluator", None)
-            assert _operator_tf_config(tfjob, rtype, index) == {**expected, "environment": "cloud"}
+            # The operator lists every replica type (the evaluator too) and adds "environment", which tfdist ignores.
+            operator = _operator_tf_config(tfjob, rtype, index)
+            assert operator == {**expected, "environment": "cloud"}
+            # ... and tfdist resolves it to this task of the addressed job.
+            resolved = resolve_cluster(env={constants.ENV_TF_CONFIG: json.dumps(operator),
+                                            constants.ENV_CONFIG: addressed.to_json()})
+            assert resolved.task == task and resolved.config.cluster == addressed.cluster
             seen.add(task)
     assert seen == {TaskSpec(j, i) for j, a in cfg.cluster.jobs().items() for i in range(len(a))}
 

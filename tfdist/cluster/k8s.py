@@ -15,9 +15,9 @@ config lists, and one port for all (:data:`DEFAULT_PORT`; each pod has its own I
 :func:`kubernetes_config` and :func:`kubeflow_config` return the config with
 those addresses. A pod of the plain manifests gets ``TF_CONFIG`` =
 ``json.dumps(kubernetes_config(config).tf_config(task))``; in a TFJob the
-operator writes ``TF_CONFIG`` itself and it names the same addresses (less the
-evaluators: the operator leaves ``evaluator`` out of the cluster, TensorFlow's
-convention, and a tfdist evaluator needs only the PS addresses). Every pod also
+operator writes ``TF_CONFIG`` itself and it names the same addresses, every
+replica type included (the operator's ``genClusterSpec`` lists ``evaluator``
+too, v1.2 to v1.9), plus ``"environment": "cloud"``. Every pod also
 gets ``TFDIST_CONFIG`` (the rest of the config, as the local launcher sets it)
 and the job token from the Secret ``<name>-token`` (key ``token``).
 
@@ -81,7 +81,8 @@ TLS_SECRET_KEYS = {"tls_cert": "tls.crt", "tls_key": "tls.key", "tls_ca": "ca.cr
 TOKEN_SECRET_KEY = "token"
 #: TFJob replica type of each tfdist job (a TFJob has no replica type for ``input`` tasks).
 KUBEFLOW_REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
-#: Restarts in place (``OnFailure``) a Job (or a TFJob, all replicas together) allows before it fails.
+#: ``backoffLimit`` of an ``OnFailure`` Job (or of a TFJob, all replicas together): Kubernetes and the
+#: operator fail the job when its restarts reach it, so a job survives ``RESTART_LIMIT - 1`` (2) restarts.
 RESTART_LIMIT = 3
 
 #: Order of the Jobs in the plain manifests (servers first, as the local launcher starts them).
@@ -400,8 +401,8 @@ def kubernetes_jobs(
     chief) rejoins the running job like the local launcher's
     ``launch.restart_chief`` — with ``launch.restart_chief: false``, or in a
     job without parameter servers, it is ``Never`` (its failure ends the
-    job). ``OnFailure`` Jobs allow :data:`RESTART_LIMIT` restarts. ``launch.job_timeout_s`` becomes every Job's
-    ``activeDeadlineSeconds``.
+    job). ``OnFailure`` Jobs get ``backoffLimit:`` :data:`RESTART_LIMIT`: a Job fails when its restarts
+    reach it (2 restarts survive). ``launch.job_timeout_s`` becomes every Job's ``activeDeadlineSeconds``.
 
     Args:
         config: The job. Counts and addresses in its cluster are replaced by
@@ -484,14 +485,18 @@ def kubeflow_tfjob(
     ``tfjob-port``). Each pod also gets ``TFDIST_CONFIG`` of that config and
     the token from the Secret ``<name>-token``.
 
-    Restart policies: ``Worker``, ``PS`` and ``Evaluator`` ``OnFailure``, at
-    most :data:`RESTART_LIMIT` restarts in all (``runPolicy.backoffLimit``);
+    Restart policies: ``Worker``, ``PS`` and ``Evaluator`` ``OnFailure``, with
+    ``runPolicy.backoffLimit:`` :data:`RESTART_LIMIT` (the TFJob fails when the
+    restarts of all its pods together reach it: 2 survive);
     a PS restores its newest checkpoint from the checkpoint volume. ``Chief``
     ``OnFailure`` too (it rejoins the running job, ``launch.restart_chief``),
     or ``Never`` with ``launch.restart_chief: false`` (its failure fails the
     TFJob, and ``cleanPodPolicy: Running`` removes the other pods). Workers share one pod template, so
     without a chief worker 0 restarts like the others: give the config a
-    chief. The TFJob succeeds when the chief (else worker 0) does.
+    chief. The TFJob succeeds when the chief (else worker 0) exits 0; then
+    ``cleanPodPolicy: Running`` deletes every pod still running — the PS
+    tasks, and workers still in ``fit`` or an evaluator, which are cut short.
+    It fails when any pod fails for good (past its restarts, or ``Never``).
     ``launch.job_timeout_s`` becomes ``runPolicy.activeDeadlineSeconds``.
 
     Args:
