@@ -70,12 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     emit.add_argument("--namespace", help="namespace of every object (default: default)")
     emit.add_argument("--output", metavar="FILE", help="write the YAML here (default: stdout)")
     emit.add_argument("--emit-secret", action="store_true",
-                      help="also write the token Secret <name>-token with a random token (default: only say how to "
-                           "create it)")
+                      help="also write the token Secret <name>-token with a random token into --output, which it "
+                           "needs (default: only say how to create it)")
     emit.add_argument("--checkpoint-claim", metavar="CLAIM",
                       help=f"PersistentVolumeClaim mounted at {k8s.CHECKPOINT_MOUNT_PATH} on PS pods and the chief "
                            "(default: <name>-checkpoints)")
     emit.add_argument("--no-checkpoint-volume", action="store_true", help="mount no checkpoint volume")
+    emit.add_argument("--checkpoint-claim-per-ps", action="store_true",
+                      help="each PS task mounts its own claim CLAIM-ps-<i> (--emit k8s; a TFJob cannot)")
     p.add_argument("script", nargs="?", help="training script run by chief/worker/evaluator tasks")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -89,7 +91,8 @@ def _check_timeout_option(timeout: float | None) -> None:
 
 #: Options that only --emit uses, by their attribute in the parsed arguments.
 _EMIT_OPTIONS = {"image": "--image", "namespace": "--namespace", "output": "--output", "emit_secret": "--emit-secret",
-                 "checkpoint_claim": "--checkpoint-claim", "no_checkpoint_volume": "--no-checkpoint-volume"}
+                 "checkpoint_claim": "--checkpoint-claim", "no_checkpoint_volume": "--no-checkpoint-volume",
+                 "checkpoint_claim_per_ps": "--checkpoint-claim-per-ps"}
 #: Launch options that mean nothing to --emit.
 _LAUNCH_OPTIONS = {"task": "--task", "log_all": "--log-all", "log_dir": "--log-dir"}
 
@@ -112,6 +115,11 @@ def _check_emit_options(args) -> None:
         raise ConfigError(f"--emit needs the container image the pods run. Received: --emit {args.emit} without "
                           "--image. Add e.g. --image registry.example.com/digits:1 (an image with Python, tfdist "
                           "and your script).")
+    if args.emit_secret and not args.output:
+        raise ConfigError("--emit-secret writes the job token into the manifests, and without --output they go to "
+                          "standard output (a terminal, a CI log). Received: --emit-secret without --output. Add "
+                          "--output FILE (created readable by you only), or leave --emit-secret out and create the "
+                          "Secret with kubectl.")
     if args.checkpoint_claim and args.no_checkpoint_volume:
         raise ConfigError("--checkpoint-claim and --no-checkpoint-volume contradict each other. Received: "
                           f"--checkpoint-claim {args.checkpoint_claim} --no-checkpoint-volume. Give one: a claim to "
@@ -124,14 +132,16 @@ def _emit(config, args) -> int:
         config.launch.job_timeout_s = args.timeout  # becomes activeDeadlineSeconds
     namespace = args.namespace or "default"
     options = dict(namespace=namespace, checkpoint_claim=args.checkpoint_claim,
-                   checkpoint_volume=not args.no_checkpoint_volume)
+                   checkpoint_volume=not args.no_checkpoint_volume,
+                   checkpoint_claim_per_ps=args.checkpoint_claim_per_ps)
     build = k8s.kubeflow_tfjob if args.emit == "kubeflow" else k8s.kubernetes_jobs
     docs = build(config, args.image, args.script, args.script_args, **options)
     docs = [docs] if isinstance(docs, dict) else docs
     if args.emit_secret:
         docs.insert(0, k8s.token_secret(config, namespace))
     notes = k8s.prerequisites(config, namespace, checkpoint_claim=args.checkpoint_claim,
-                              checkpoint_volume=not args.no_checkpoint_volume, token_secret_included=args.emit_secret)
+                              checkpoint_volume=not args.no_checkpoint_volume, token_secret_included=args.emit_secret,
+                              checkpoint_claim_per_ps=args.checkpoint_claim_per_ps)
     text = k8s.dump_yaml(docs, comment=notes)
     if not args.output:
         sys.stdout.write(text)

@@ -304,7 +304,7 @@ def test_a_heartbeat_interval_not_below_its_timeout_is_refused_naming_both():
 ODD_VALUES = [None, True, -1, 0, 2.5, float("nan"), float("inf"), "x", "", [], [1], {}, {"a": 1}, 10 ** 30]
 
 
-@pytest.mark.parametrize("section", ["cluster", "strategy", "ps", "security", "launch", "elastic"])
+@pytest.mark.parametrize("section", ["cluster", "strategy", "ps", "security", "launch", "elastic", "kubernetes"])
 def test_no_field_answers_an_odd_value_with_anything_but_a_config_error(section):
     """Every field, every odd value: the config loads or raises ConfigError naming the field; never a traceback."""
     from tfdist.config import _SECTIONS
