@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.script:
             raise ConfigError("Give the training script to run, e.g. examples/train_digits.py.")
         config.security.check_tls_files()  # every task runs here
+        config.ps.check_checkpoint_dir()
         job = LocalJob(config, args.script, args.script_args, log_dir=args.log_dir)
     except TfdistError as e:
         print(f"tfdist.launch: {e}", file=sys.stderr)

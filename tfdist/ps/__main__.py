@@ -44,6 +44,7 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
             f"No job token for {task}: set the environment variable {config.security.token_env} "
             "(the same value on every task) or security.token. tfdist.launch sets it for local jobs."
         )
+    config.ps.check_checkpoint_dir()  # a file there: a ConfigError now, not a failure at every checkpoint
     creds = None
     if config.security.tls_cert:
         config.security.check_tls_files(job="ps")  # a missing or non-PEM file: a ConfigError naming it
