@@ -438,33 +438,6 @@ class PSConfig:
             raise _fail(f"ps.{name}", value, "Give a whole number >= 1" + (", or null." if nullable else "."))
         if self.nonfinite not in ("refuse", "allow"):
             raise _fail("ps.nonfinite", self.nonfinite, 'Use "refuse" (the default) or "allow".')
-
-    def check_checkpoint_dir(self) -> None:
-        """Checks that a local ``checkpoint_dir`` is, or can become, a directory on this machine.
-
-        A URL (``gs://``, ``s3://``, ...) is left to ``tf.io.gfile``. Called
-        where a PS task starts (``python -m tfdist.ps``) and by a local launch
-        before anything starts, not when a config loads: ``--emit`` writes a
-        path inside the pods.
-
-        Raises:
-            ConfigError: the path, or a folder above it, is an existing file
-                (every checkpoint would fail), naming ``ps.checkpoint_dir``.
-        """
-        path = self.checkpoint_dir
-        if not path or "://" in path:
-            return
-        probe = os.path.abspath(path)
-        while not os.path.exists(probe):
-            parent = os.path.dirname(probe)
-            if parent == probe:
-                return
-            probe = parent
-        if not os.path.isdir(probe):
-            where = "is a file" if probe == os.path.abspath(path) else f"is under {probe!r}, which is a file"
-            raise _fail("ps.checkpoint_dir", path,
-                        f"The checkpoint directory {where}, so every checkpoint would fail. Give a directory "
-                        "path (it is created if missing) or a URL (gs://..., s3://...), or null for no checkpoints.")
         if not isinstance(self.tune_malloc, bool):
             raise _fail("ps.tune_malloc", self.tune_malloc, "Give true or false.")
         if self.max_updates_per_s is not None and not (
@@ -502,6 +475,33 @@ class PSConfig:
             )
         if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) or self.max_message_bytes < 1024:
             raise _fail("ps.max_message_bytes", self.max_message_bytes, "Give a number of bytes >= 1024.")
+
+    def check_checkpoint_dir(self) -> None:
+        """Checks that a local ``checkpoint_dir`` is, or can become, a directory on this machine.
+
+        A URL (``gs://``, ``s3://``, ...) is left to ``tf.io.gfile``. Called
+        where a PS task starts (``python -m tfdist.ps``) and by a local launch
+        before anything starts, not when a config loads: ``--emit`` writes a
+        path inside the pods.
+
+        Raises:
+            ConfigError: the path, or a folder above it, is an existing file
+                (every checkpoint would fail), naming ``ps.checkpoint_dir``.
+        """
+        path = self.checkpoint_dir
+        if not path or "://" in path:
+            return
+        probe = os.path.abspath(path)
+        while not os.path.exists(probe):
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return
+            probe = parent
+        if not os.path.isdir(probe):
+            where = "is a file" if probe == os.path.abspath(path) else f"is under {probe!r}, which is a file"
+            raise _fail("ps.checkpoint_dir", path,
+                        f"The checkpoint directory {where}, so every checkpoint would fail. Give a directory "
+                        "path (it is created if missing) or a URL (gs://..., s3://...), or null for no checkpoints.")
 
 
 #: PEM block each TLS file must hold, by field.
