@@ -9,6 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from tfdist import exit_status as _exit_status
+
+# Records a script's uncaught exception, so a task that died never tells the parameter servers it is done,
+# and gives a ConfigError its own exit code (78) that the launcher never restarts (tfdist/exit_status.py).
+_exit_status.install()
+
 __version__ = "0.1.0"
 
 _LAZY = {

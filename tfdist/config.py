@@ -26,6 +26,7 @@ numbers). Files are read by :func:`read_config_file`: at most
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -475,6 +476,33 @@ class PSConfig:
         if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) or self.max_message_bytes < 1024:
             raise _fail("ps.max_message_bytes", self.max_message_bytes, "Give a number of bytes >= 1024.")
 
+    def check_checkpoint_dir(self) -> None:
+        """Checks that a local ``checkpoint_dir`` is, or can become, a directory on this machine.
+
+        A URL (``gs://``, ``s3://``, ...) is left to ``tf.io.gfile``. Called
+        where a PS task starts (``python -m tfdist.ps``) and by a local launch
+        before anything starts, not when a config loads: ``--emit`` writes a
+        path inside the pods.
+
+        Raises:
+            ConfigError: the path, or a folder above it, is an existing file
+                (every checkpoint would fail), naming ``ps.checkpoint_dir``.
+        """
+        path = self.checkpoint_dir
+        if not path or "://" in path:
+            return
+        probe = os.path.abspath(path)
+        while not os.path.exists(probe):
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return
+            probe = parent
+        if not os.path.isdir(probe):
+            where = "is a file" if probe == os.path.abspath(path) else f"is under {probe!r}, which is a file"
+            raise _fail("ps.checkpoint_dir", path,
+                        f"The checkpoint directory {where}, so every checkpoint would fail. Give a directory "
+                        "path (it is created if missing) or a URL (gs://..., s3://...), or null for no checkpoints.")
+
 
 #: PEM block each TLS file must hold, by field.
 _PEM_BLOCKS = {
@@ -509,6 +537,10 @@ class SecurityConfig:
             up in version control. Defaults to ``None``.
         token_env: Environment variable holding the token. Defaults to
             ``"TFDIST_TOKEN"``.
+        token_file: File holding the token (its first line), read when
+            neither ``token`` nor the ``token_env`` variable is set: a
+            mounted Kubernetes Secret (``--emit`` sets it to
+            ``/etc/tfdist/token/token``, mode 0400). Defaults to ``None``.
         tls_cert: PEM certificate chain of the PS (enables TLS with ``tls_key``).
         tls_key: PEM private key of the PS.
         tls_ca: PEM root certificate workers use to verify the PS (the PS's own
@@ -517,11 +549,15 @@ class SecurityConfig:
 
     token: str | None = None
     token_env: str = constants.ENV_TOKEN
+    token_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
 
     def __post_init__(self):
+        if self.token_file is not None and (not isinstance(self.token_file, str) or not self.token_file):
+            raise _fail("security.token_file", self.token_file,
+                        "Give the path of a file holding the job token (e.g. a mounted Secret), or null.")
         if not isinstance(self.token_env, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.token_env):
             raise _fail("security.token_env", self.token_env,
                         f"Give the name of an environment variable, e.g. {constants.ENV_TOKEN!r}.")
@@ -612,13 +648,29 @@ class SecurityConfig:
         return bool(self.tls_cert or self.tls_ca)
 
     def resolve_token(self) -> str | None:
-        """The token: explicit value first, then the environment."""
-        return self.token or os.environ.get(self.token_env) or None
+        """The token: explicit value first, then the environment, then ``token_file``.
+
+        Raises:
+            ConfigError: ``token_file`` is needed and cannot be read, or is empty.
+        """
+        token = self.token or os.environ.get(self.token_env)
+        if token or not self.token_file:
+            return token or None
+        try:
+            with open(self.token_file, encoding="utf-8") as f:
+                token = f.read(4096).strip().splitlines()[0:1]
+        except (OSError, UnicodeDecodeError) as e:
+            raise _fail("security.token_file", self.token_file,
+                        f"The token file cannot be read ({getattr(e, 'strerror', None) or e}). Mount the token "
+                        f"Secret there (readable by this process's user or group), or set {self.token_env}.") from None
+        if not token or not token[0]:
+            raise _fail("security.token_file", self.token_file, "The token file is empty. Put the job token in it.")
+        return token[0]
 
     def __repr__(self) -> str:  # never show the token
         shown = "***" if self.token else None
         return (
-            f"SecurityConfig(token={shown!r}, token_env={self.token_env!r}, "
+            f"SecurityConfig(token={shown!r}, token_env={self.token_env!r}, token_file={self.token_file!r}, "
             f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r}, tls_ca={self.tls_ca!r})"
         )
 
@@ -730,6 +782,92 @@ class LaunchConfig:
                 Slowdown(**spec)
             except (TypeError, ValueError) as e:
                 raise _fail(f"launch.slowdown.{task}", spec, str(e)) from None
+
+
+#: Jobs whose pods ``--emit`` writes resources for.
+_K8S_JOBS = ("chief", "worker", "ps", "evaluator", "input")
+#: ``kubernetes.resources`` defaults: requests so no pod is BestEffort (and a namespace whose ResourceQuota has
+#: no LimitRange accepts it), a memory limit well above them; no CPU limit (throttling slows the exchange).
+DEFAULT_K8S_RESOURCES: dict[str, dict[str, dict[str, str]]] = {
+    "chief": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}},
+    "worker": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}},
+    "evaluator": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}},
+    "ps": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "8Gi"}},
+    "input": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+}
+_K8S_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+_K8S_RESOURCE_NAME = re.compile(r"([a-z0-9.-]+/)?[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?")
+_PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+@dataclass
+class KubernetesConfig:
+    """What ``python -m tfdist.launch --emit`` writes into the pods beyond the tasks (docs/kubernetes.md).
+
+    A local launch ignores this section.
+
+    Attributes:
+        resources: ``{job: {"requests": {...}, "limits": {...}}}`` per job
+            (``chief``, ``worker``, ``ps``, ``evaluator``, ``input``); a job
+            given here replaces its default, the others keep theirs. Defaults:
+            requests of 1 CPU and 2Gi (training pods), 1 CPU and 1Gi (PS),
+            500m and 512Mi (input), memory limits 8Gi (2Gi for input), no
+            CPU limit. ``{}`` for a job writes no resources for it.
+        image_pull_policy: ``imagePullPolicy`` of every container:
+            ``Always``, ``IfNotPresent`` or ``Never``. Defaults to ``"IfNotPresent"``.
+        ttl_seconds_after_finished: Kubernetes deletes a finished job (and
+            its pods' logs) this long after it ended (``ttlSecondsAfterFinished``);
+            ``None`` keeps it until deleted. Defaults to 86400 (a day).
+        run_as_user: User (and group, and ``fsGroup``) id every container runs
+            as; the pods are "restricted" under Pod Security (non-root,
+            no privilege escalation, every capability dropped,
+            ``RuntimeDefault`` seccomp). Defaults to 1000.
+    """
+
+    resources: dict[str, dict] = field(default_factory=lambda: copy.deepcopy(DEFAULT_K8S_RESOURCES))
+    image_pull_policy: str = "IfNotPresent"
+    ttl_seconds_after_finished: int | None = 86400
+    run_as_user: int = 1000
+
+    def __post_init__(self):
+        if not isinstance(self.resources, Mapping):
+            raise _fail("kubernetes.resources", self.resources,
+                        'Map jobs to their resources, e.g. {worker: {requests: {cpu: "2", memory: 4Gi}}}.')
+        unknown = sorted(set(self.resources) - set(_K8S_JOBS), key=str)
+        if unknown:
+            raise _fail(f"kubernetes.resources.{unknown[0]}", self.resources[unknown[0]],
+                        f"Resources are given per job: {list(_K8S_JOBS)}.")
+        merged = copy.deepcopy(DEFAULT_K8S_RESOURCES)
+        for job, spec in self.resources.items():
+            path = f"kubernetes.resources.{job}"
+            if not isinstance(spec, Mapping) or set(spec) - {"requests", "limits"}:
+                raise _fail(path, spec, 'Give {requests: {cpu: "1", memory: 2Gi}, limits: {memory: 8Gi}} (or {}).')
+            out = {}
+            for kind, values in spec.items():
+                if not isinstance(values, Mapping):
+                    raise _fail(f"{path}.{kind}", values, 'Map resource names to quantities, e.g. {cpu: "500m"}.')
+                checked = {}
+                for name, quantity in values.items():
+                    text = str(quantity) if isinstance(quantity, (int, float)) and not isinstance(quantity, bool) \
+                        else quantity
+                    if not isinstance(name, str) or not _K8S_RESOURCE_NAME.fullmatch(name) or \
+                            not isinstance(text, str) or not _K8S_QUANTITY.fullmatch(text):
+                        raise _fail(f"{path}.{kind}.{name}", quantity,
+                                    'Give a Kubernetes quantity, e.g. cpu: "500m", memory: 2Gi, nvidia.com/gpu: 1.')
+                    checked[name] = text
+                out[kind] = checked
+            merged[job] = out
+        self.resources = merged
+        if self.image_pull_policy not in _PULL_POLICIES:
+            raise _fail("kubernetes.image_pull_policy", self.image_pull_policy, f"Use one of {list(_PULL_POLICIES)}.")
+        ttl = self.ttl_seconds_after_finished
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= 2 ** 31 - 1):
+            raise _fail("kubernetes.ttl_seconds_after_finished", ttl,
+                        "Give whole seconds >= 0 after which Kubernetes deletes the finished job, or null to keep it.")
+        uid = self.run_as_user
+        if isinstance(uid, bool) or not isinstance(uid, int) or not 1 <= uid <= 2 ** 31 - 1:
+            raise _fail("kubernetes.run_as_user", uid,
+                        "Give a non-root user id (1 or more; Pod Security 'restricted' refuses root), e.g. 1000.")
 
 
 _UTILITY_KINDS = ("linear", "deadline")
@@ -887,6 +1025,7 @@ _SECTIONS = {
     "security": SecurityConfig,
     "launch": LaunchConfig,
     "elastic": ElasticConfig,
+    "kubernetes": KubernetesConfig,
 }
 
 
@@ -934,6 +1073,7 @@ class JobConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "/\\ "):

@@ -17,6 +17,7 @@ __all__ = [
     "WireFormatError",
     "PlacementError",
     "LaunchError",
+    "TaskConfigError",
 ]
 
 
@@ -90,3 +91,11 @@ class PlacementError(TfdistError, ValueError):
 
 class LaunchError(TfdistError):
     """A task of a launched cluster failed or could not be started."""
+
+
+class TaskConfigError(LaunchError):
+    """A launched task exited with :data:`tfdist.exit_status.EXIT_CONFIG_ERROR` (its script raised a ConfigError).
+
+    The failure is deterministic: the launcher never restarts the task, stops
+    the others and exits 2, as for a config it refuses itself.
+    """

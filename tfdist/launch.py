@@ -16,11 +16,17 @@ a headless Service; see :mod:`tfdist.cluster.k8s` and docs/kubernetes.md)::
     python -m tfdist.launch --config configs/multi_machine.yaml --emit kubeflow --image IMAGE train.py > job.yaml
 
 Exit codes: 0 when the chief (worker 0) and every worker the job did not go
-on without exited 0; 1 when a task failed that the job cannot do without (see
-``launch.on_worker_failure``; the others are stopped and the failed task is
-named) or the job ran past ``--timeout`` / ``launch.job_timeout_s``; 2 for a
-bad config or command line, before any task starts (``--emit``: 0 when the
-manifests are written, 2 for a bad config or option); 130 on Ctrl-C.
+on without exited 0, or exited non-zero after its training finished (it had
+told the parameter servers it was done, or they had ended the job); 1 when a
+task failed that the job cannot do without (see ``launch.on_worker_failure``;
+the others are stopped and the failed task is named) or the job ran past
+``--timeout`` / ``launch.job_timeout_s``; 2 for a bad config or command line,
+before any task starts, or when a task exits with code 78 (its script raised
+a ``ConfigError``: deterministic, so never restarted) (``--emit``: 0 when
+the manifests are written, 2 for a bad config or option); 130 on SIGINT
+(Ctrl-C) and 143 on SIGTERM, after every task was stopped. The launcher installs its
+own SIGINT and SIGTERM handlers, whatever it inherited (``nohup`` or a
+background job of a non-interactive shell start it with SIGINT ignored).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from tfdist import constants
 from tfdist.cluster import k8s
 from tfdist.cluster.local import LocalJob, task_argv, task_environment
 from tfdist.config import MAX_SECONDS, load_config, parse_task
-from tfdist.errors import ConfigError, LaunchError, TfdistError
+from tfdist.errors import ConfigError, LaunchError, TaskConfigError, TfdistError
 
 __all__ = ["main"]
 
@@ -64,12 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     emit.add_argument("--namespace", help="namespace of every object (default: default)")
     emit.add_argument("--output", metavar="FILE", help="write the YAML here (default: stdout)")
     emit.add_argument("--emit-secret", action="store_true",
-                      help="also write the token Secret <name>-token with a random token (default: only say how to "
-                           "create it)")
+                      help="also write the token Secret <name>-token with a random token into --output, which it "
+                           "needs (default: only say how to create it)")
     emit.add_argument("--checkpoint-claim", metavar="CLAIM",
                       help=f"PersistentVolumeClaim mounted at {k8s.CHECKPOINT_MOUNT_PATH} on PS pods and the chief "
                            "(default: <name>-checkpoints)")
     emit.add_argument("--no-checkpoint-volume", action="store_true", help="mount no checkpoint volume")
+    emit.add_argument("--checkpoint-claim-per-ps", action="store_true",
+                      help="each PS task mounts its own claim CLAIM-ps-<i> (--emit k8s; a TFJob cannot)")
     p.add_argument("script", nargs="?", help="training script run by chief/worker/evaluator tasks")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -83,7 +91,8 @@ def _check_timeout_option(timeout: float | None) -> None:
 
 #: Options that only --emit uses, by their attribute in the parsed arguments.
 _EMIT_OPTIONS = {"image": "--image", "namespace": "--namespace", "output": "--output", "emit_secret": "--emit-secret",
-                 "checkpoint_claim": "--checkpoint-claim", "no_checkpoint_volume": "--no-checkpoint-volume"}
+                 "checkpoint_claim": "--checkpoint-claim", "no_checkpoint_volume": "--no-checkpoint-volume",
+                 "checkpoint_claim_per_ps": "--checkpoint-claim-per-ps"}
 #: Launch options that mean nothing to --emit.
 _LAUNCH_OPTIONS = {"task": "--task", "log_all": "--log-all", "log_dir": "--log-dir"}
 
@@ -106,6 +115,11 @@ def _check_emit_options(args) -> None:
         raise ConfigError(f"--emit needs the container image the pods run. Received: --emit {args.emit} without "
                           "--image. Add e.g. --image registry.example.com/digits:1 (an image with Python, tfdist "
                           "and your script).")
+    if args.emit_secret and not args.output:
+        raise ConfigError("--emit-secret writes the job token into the manifests, and without --output they go to "
+                          "standard output (a terminal, a CI log). Received: --emit-secret without --output. Add "
+                          "--output FILE (created readable by you only), or leave --emit-secret out and create the "
+                          "Secret with kubectl.")
     if args.checkpoint_claim and args.no_checkpoint_volume:
         raise ConfigError("--checkpoint-claim and --no-checkpoint-volume contradict each other. Received: "
                           f"--checkpoint-claim {args.checkpoint_claim} --no-checkpoint-volume. Give one: a claim to "
@@ -118,14 +132,16 @@ def _emit(config, args) -> int:
         config.launch.job_timeout_s = args.timeout  # becomes activeDeadlineSeconds
     namespace = args.namespace or "default"
     options = dict(namespace=namespace, checkpoint_claim=args.checkpoint_claim,
-                   checkpoint_volume=not args.no_checkpoint_volume)
+                   checkpoint_volume=not args.no_checkpoint_volume,
+                   checkpoint_claim_per_ps=args.checkpoint_claim_per_ps)
     build = k8s.kubeflow_tfjob if args.emit == "kubeflow" else k8s.kubernetes_jobs
     docs = build(config, args.image, args.script, args.script_args, **options)
     docs = [docs] if isinstance(docs, dict) else docs
     if args.emit_secret:
         docs.insert(0, k8s.token_secret(config, namespace))
     notes = k8s.prerequisites(config, namespace, checkpoint_claim=args.checkpoint_claim,
-                              checkpoint_volume=not args.no_checkpoint_volume, token_secret_included=args.emit_secret)
+                              checkpoint_volume=not args.no_checkpoint_volume, token_secret_included=args.emit_secret,
+                              checkpoint_claim_per_ps=args.checkpoint_claim_per_ps)
     text = k8s.dump_yaml(docs, comment=notes)
     if not args.output:
         sys.stdout.write(text)
@@ -142,6 +158,49 @@ def _emit(config, args) -> int:
     for line in notes[1:]:
         logger.info("%s", line)
     return 0
+
+
+class _Stopped(BaseException):
+    """Raised in the main thread by the launcher's SIGINT/SIGTERM handler (a BaseException: nothing swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _StopSignals:
+    """The launcher's own SIGINT and SIGTERM handlers, installed whatever the process inherited.
+
+    Python installs its KeyboardInterrupt handler only when SIGINT was not
+    inherited as ignored (``nohup``, a background job of a non-interactive
+    shell), and leaves SIGTERM at its default (die at once, leaving the tasks
+    to ``PR_SET_PDEATHSIG``). The first signal raises :class:`_Stopped` in the
+    main thread, which stops every task; later ones are logged and ignored
+    while the bounded stop runs.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self._previous: dict[int, object] = {}
+        self.received: int | None = None
+
+    def install(self) -> "_StopSignals":
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            logger.info("got %s again; already stopping every task", signal.Signals(signum).name)
+            return
+        self.received = signum
+        raise _Stopped(signum)
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
 
 
 def _run_one_task(config, task, script, script_args) -> int:
@@ -186,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.script:
             raise ConfigError("Give the training script to run, e.g. examples/train_digits.py.")
         config.security.check_tls_files()  # every task runs here
+        config.ps.check_checkpoint_dir()
         job = LocalJob(config, args.script, args.script_args, log_dir=args.log_dir)
     except TfdistError as e:
         print(f"tfdist.launch: {e}", file=sys.stderr)
@@ -202,10 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         job.log_dir,
     )
 
-    def _interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_signals = _StopSignals().install()
     try:
         if job.config.elastic.enabled:
             from tfdist.elastic.local import run_local_elastic
@@ -217,15 +274,20 @@ def main(argv: list[str] | None = None) -> int:
         else:
             job.start()
             job.wait(timeout, timeout_setting=timeout_setting)
-    except KeyboardInterrupt:
-        print("tfdist.launch: interrupted; stopping every task", file=sys.stderr)
+    except (_Stopped, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, _Stopped) else signal.SIGINT
+        print(f"tfdist.launch: got {signal.Signals(signum).name}; stopping every task", file=sys.stderr)
         job.stop(grace=3.0)
-        return 130
+        return 128 + signum
+    except TaskConfigError as e:
+        print(f"tfdist.launch: {e}", file=sys.stderr)
+        return 2
     except LaunchError as e:
         print(f"tfdist.launch: {e}", file=sys.stderr)
         return 1
     finally:
         job.stop()
+        stop_signals.restore()
     if job.failed_workers:
         logger.warning("job %r finished without %s, which failed (launch.on_worker_failure=%s); logs in %s",
                        config.name, ", ".join(map(str, job.failed_workers)), config.launch.on_worker_failure,

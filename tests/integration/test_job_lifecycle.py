@@ -159,3 +159,77 @@ def test_a_worker_that_left_after_fit_evaluates_and_takes_part_again_in_its_next
         assert status["live_workers"] == [0]
     finally:
         strategy.shutdown()
+
+
+CRASH_SCRIPT = os.path.join(ROOT, "tests", "integration", "scripts", "crash_after_fit.py")
+
+
+@pytest.mark.slow  # ~50 s; test_a_script_that_raises_never_says_done covers the Done decision in the default run
+def test_a_chief_that_raises_after_fit_never_says_done_and_its_restart_ends_the_job(tmp_path):
+    """Issue 26: a script that dies with an error must not tell the PS it is done.
+
+    A TF_CONFIG job by hand (as under Kubernetes): ps:0, chief:0 (worker 0),
+    worker:0 (worker 1). The chief raises after ``fit``; the worker finishes.
+    Before the fix the chief's interpreter-exit hook said ``Done`` anyway, the
+    PS exited 0 at once (every worker done), and the chief that Kubernetes
+    restarts then ran against no PS: a crash loop until the restart limit.
+    Now the PS keeps serving with only worker 1 done, and the restarted chief
+    joins, finishes and ends the job: every task exits 0.
+    """
+    from tfdist.ps.client import PSClient
+
+    cluster = _cluster({"chief": 1, "worker": 1, "ps": 1})
+
+    def start(task, *args, tag=""):
+        env = {**_base_env(), "TF_CONFIG": json.dumps({"cluster": cluster,
+                                                        "task": {"type": task.job, "index": task.index}})}
+        argv = [sys.executable, "-m", "tfdist.ps"] if task.job == "ps" else [sys.executable, CRASH_SCRIPT, *args]
+        return TaskProcess(task, argv, env, log_path=str(tmp_path / "logs" / f"{task.job}-{task.index}{tag}.log"),
+                           forward_stdout=False, forward_stderr=False).start()
+
+    procs = {}
+    try:
+        procs["ps:0"] = start(TaskSpec("ps", 0))
+        procs["chief:0"] = start(TaskSpec("chief", 0), "--raise-after-fit")
+        procs["worker:0"] = start(TaskSpec("worker", 0))
+        codes = _wait_all_exit({k: procs[k] for k in ("chief:0", "worker:0")}, 150)
+        assert codes == {"chief:0": 1, "worker:0": 0}, _describe(procs, codes)
+        # The PS serves on: only worker 1 said Done (before the fix the PS had stopped: every worker "done").
+        assert procs["ps:0"].running, _describe(procs, codes)
+        with PSClient(cluster["ps"], TOKEN, rpc_timeout_s=10, tune_malloc=False) as client:
+            meta, _ = client.call(0, "Status", {"brief": True}, timeout=10.0)
+        assert meta["done_workers"] == [1], meta
+        chief_log = open(procs["chief:0"].log_path).read()
+        assert "fit done, worker 0" in chief_log and "not telling the parameter servers it is done" in chief_log
+        # The chief started again (as Kubernetes' OnFailure does) joins the running job and ends it.
+        procs["chief:0"] = start(TaskSpec("chief", 0), tag="-restarted")
+        codes = _wait_all_exit({k: procs[k] for k in ("chief:0", "ps:0")}, 150)
+        assert codes == {"chief:0": 0, "ps:0": 0}, _describe(procs, codes)
+        assert "all 2 workers are done; stopping" in open(procs["ps:0"].log_path).read()
+    finally:
+        for p in procs.values():
+            if p.running:
+                p.kill()
+
+
+def test_a_script_that_raises_never_says_done(tmp_path):
+    """A worker whose script raises after ``fit`` leaves the PS serving (no ``Done``); one PS task in this process."""
+    from tfdist.ps.server import PSServer
+
+    server = PSServer(None, token=TOKEN, num_workers=1).start()
+    cluster = {"worker": [f"127.0.0.1:{free_port()}"], "ps": [server.address]}
+    env = {**_base_env(), "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})}
+    proc = TaskProcess(TaskSpec("worker", 0), [sys.executable, CRASH_SCRIPT, "--raise-after-fit"], env,
+                       log_path=str(tmp_path / "worker-0.log"), forward_stdout=False, forward_stderr=False).start()
+    try:
+        code = proc.wait(150)
+        log = open(proc.log_path).read()
+        assert code == 1, log[-3000:]
+        assert "fit done, worker 0" in log and "RuntimeError: failing after fit on purpose" in log, log[-3000:]
+        assert "not telling the parameter servers it is done" in log, log[-3000:]
+        assert server.store.done_workers == set()
+        assert server.store.stats["pushes"] > 0  # it did train against this PS
+    finally:
+        if proc.running:
+            proc.kill()
+        server.stop(0)

@@ -80,4 +80,4 @@ def test_call_sites_resolve_the_same_way(monkeypatch):
     assert _training_tasks_in_tf_config() == 0  # the detector stays lenient: it runs as one process
     monkeypatch.delenv("TF_CONFIG")
     assert _resolve(None, None, None)[1] is None
-    assert ps_main([]) == 2  # no cluster: an error that says how to start one, exit code 2
+    assert ps_main([]) == 78  # no cluster: an error that says how to start one; exit 78 (a config error, never restarted)

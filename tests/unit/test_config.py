@@ -304,7 +304,7 @@ def test_a_heartbeat_interval_not_below_its_timeout_is_refused_naming_both():
 ODD_VALUES = [None, True, -1, 0, 2.5, float("nan"), float("inf"), "x", "", [], [1], {}, {"a": 1}, 10 ** 30]
 
 
-@pytest.mark.parametrize("section", ["cluster", "strategy", "ps", "security", "launch", "elastic"])
+@pytest.mark.parametrize("section", ["cluster", "strategy", "ps", "security", "launch", "elastic", "kubernetes"])
 def test_no_field_answers_an_odd_value_with_anything_but_a_config_error(section):
     """Every field, every odd value: the config loads or raises ConfigError naming the field; never a traceback."""
     from tfdist.config import _SECTIONS
@@ -444,3 +444,38 @@ def test_a_huge_or_deep_config_file_is_refused(tmp_path):
     deep.write_text("name: " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(ConfigError, match=r"deep.yaml.*nest"):
         load_config(deep)
+
+
+@pytest.mark.parametrize("under", ["", "/sub/dir"])
+def test_a_checkpoint_dir_that_is_a_file_or_under_one_is_refused_where_a_ps_starts(tmp_path, under):
+    from tfdist.ps.__main__ import build_server
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    cfg = JobConfig.from_dict({"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+                               "ps": {"checkpoint_dir": str(blocker) + under}, "security": {"token": "t" * 16}})
+    with pytest.raises(ConfigError, match=r"(?s)`ps.checkpoint_dir`.*(is a file|which is a file).*every checkpoint"):
+        cfg.ps.check_checkpoint_dir()
+    with pytest.raises(ConfigError, match="ps.checkpoint_dir"):
+        build_server(cfg, TaskSpec("ps", 0))
+
+
+@pytest.mark.parametrize("path", ["gs://bucket/run", "relative/new/dir", None])
+def test_a_checkpoint_dir_that_can_be_a_directory_passes(tmp_path, monkeypatch, path):
+    monkeypatch.chdir(tmp_path)
+    JobConfig.from_dict({"ps": {"checkpoint_dir": path}}).ps.check_checkpoint_dir()
+    (tmp_path / "existing").mkdir()
+    JobConfig.from_dict({"ps": {"checkpoint_dir": str(tmp_path / "existing")}}).ps.check_checkpoint_dir()
+
+
+def test_the_launcher_refuses_a_checkpoint_dir_that_is_a_file_with_exit_2(tmp_path, capsys):
+    from tfdist.launch import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"cluster: {{ps: 1, worker: 1}}\nps: {{checkpoint_dir: {blocker}/ckpt}}\n")
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert main(["--config", str(cfg), str(script)]) == 2
+    assert "Invalid config field `ps.checkpoint_dir`" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from tfdist import constants
-from tfdist.cluster import k8s
+from tfdist.cluster import k8s, resolve_cluster
 from tfdist.launch import main
 from tfdist.config import JobConfig, TaskSpec, load_config
 from tfdist.errors import ConfigError
@@ -69,15 +70,14 @@ def _pod_dns_names(docs):
 def _operator_tf_config(tfjob, replica_type, index):
     """The TF_CONFIG the Kubeflow training operator (v1) writes into a TFJob pod, from the TFJob alone.
 
-    As the operator's ``genTFConfigJSONStr``/``genClusterSpec``: every replica type but ``Evaluator``
-    (not part of the training cluster) lower-cased, ``<name>-<type>-<i>.<namespace>.svc:<port>`` with the
-    port of the ``tensorflow`` container's ``tfjob-port`` (2222 without one), and ``environment: cloud``.
+    As the operator's ``genTFConfigJSONStr``/``genClusterSpec`` (training-operator v1.2 to v1.9,
+    ``pkg/controller.v1/tensorflow/tensorflow.go``): every replica type, ``Evaluator`` included (only the
+    tf-operator of v1.0/v1.1 skipped it), lower-cased, ``<name>-<type>-<i>.<namespace>.svc:<port>`` with
+    the port of the ``tensorflow`` container's ``tfjob-port`` (2222 without one), and ``environment: cloud``.
     """
     name, namespace = tfjob["metadata"]["name"], tfjob["metadata"]["namespace"]
     cluster = {}
     for rtype, spec in tfjob["spec"]["tfReplicaSpecs"].items():
-        if rtype == "Evaluator":
-            continue
         port = 2222
         for container in spec["template"]["spec"]["containers"]:
             if container["name"] == "tensorflow":
@@ -206,7 +206,8 @@ def test_kubeflow_tfjob_structure():
     tfjob = k8s.kubeflow_tfjob(cfg, IMAGE, "train.py", ["--epochs", "2"], namespace="training")
     assert tfjob["apiVersion"] == "kubeflow.org/v1" and tfjob["kind"] == "TFJob"
     assert tfjob["metadata"] == {"name": "full", "namespace": "training", "labels": {"tfdist/job-name": "full"}}
-    assert tfjob["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": k8s.RESTART_LIMIT}
+    assert tfjob["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": k8s.RESTART_LIMIT,
+                                         "ttlSecondsAfterFinished": 86400}
     replicas = tfjob["spec"]["tfReplicaSpecs"]
     assert {r: s["replicas"] for r, s in replicas.items()} == {"Chief": 1, "Worker": 3, "PS": 2, "Evaluator": 1}
     assert {r: s["restartPolicy"] for r, s in replicas.items()} == {
@@ -237,10 +238,13 @@ def test_the_operators_tf_config_is_the_configs(make_config, namespace):
         for index in range(spec["replicas"]):
             task = TaskSpec(rtype.lower(), index)
             expected = addressed.tf_config(task)
-            # The operator leaves evaluators out of the cluster (TF's convention; a tfdist evaluator needs only
-            # the PS addresses) and adds "environment", which tfdist ignores.
-            expected["cluster"].pop("evaluator", None)
-            assert _operator_tf_config(tfjob, rtype, index) == {**expected, "environment": "cloud"}
+            # The operator lists every replica type (the evaluator too) and adds "environment", which tfdist ignores.
+            operator = _operator_tf_config(tfjob, rtype, index)
+            assert operator == {**expected, "environment": "cloud"}
+            # ... and tfdist resolves it to this task of the addressed job.
+            resolved = resolve_cluster(env={constants.ENV_TF_CONFIG: json.dumps(operator),
+                                            constants.ENV_CONFIG: addressed.to_json()})
+            assert resolved.task == task and resolved.config.cluster == addressed.cluster
             seen.add(task)
     assert seen == {TaskSpec(j, i) for j, a in cfg.cluster.jobs().items() for i in range(len(a))}
 
@@ -261,19 +265,45 @@ def test_kubeflow_without_a_chief_mounts_the_checkpoints_on_the_workers():
 
 # ------------------------------------------------------------------ token, volume, TLS
 @pytest.mark.parametrize("emit", ["k8s", "kubeflow"])
-def test_the_token_comes_from_the_secret_and_never_appears(emit):
+def test_the_token_is_a_mounted_file_and_never_appears(emit):
     data = dict(FULL, security={"token": "literal-token-in-the-file", "token_env": "MY_TOKEN"})
     cfg = JobConfig.from_dict(data)
     docs = k8s.kubernetes_jobs(cfg, IMAGE, "t.py") if emit == "k8s" else [k8s.kubeflow_tfjob(cfg, IMAGE, "t.py")]
     text = k8s.dump_yaml(docs)
     assert "literal-token-in-the-file" not in text
-    containers = ([c for _, c in _containers(docs).values()] if emit == "k8s" else
-                  [s["template"]["spec"]["containers"][0] for s in docs[0]["spec"]["tfReplicaSpecs"].values()])
-    assert containers
-    for container in containers:
-        assert _env(container)["MY_TOKEN"] == {
-            "name": "MY_TOKEN", "valueFrom": {"secretKeyRef": {"name": "full-token", "key": "token"}}}
-        assert json.loads(_values(container)[constants.ENV_CONFIG])["security"]["token"] is None
+    pods = ([p for p, _ in _containers(docs).values()] if emit == "k8s" else
+            [s["template"]["spec"] for s in docs[0]["spec"]["tfReplicaSpecs"].values()])
+    assert pods
+    for pod in pods:
+        [container] = pod["containers"]
+        assert "MY_TOKEN" not in _env(container)  # never an environment variable (kubectl describe, /proc/*/environ)
+        [token] = [v for v in pod["volumes"] if v["name"] == "token"]
+        assert token["secret"] == {"secretName": "full-token", "defaultMode": 0o400,
+                                   "items": [{"key": "token", "path": "token"}]}
+        assert {"name": "token", "mountPath": "/etc/tfdist/token", "readOnly": True} in container["volumeMounts"]
+        security = json.loads(_values(container)[constants.ENV_CONFIG])["security"]
+        assert security["token"] is None and security["token_file"] == "/etc/tfdist/token/token"
+
+
+def test_a_pod_reads_its_token_from_the_mounted_file(tmp_path, monkeypatch):
+    cfg = JobConfig.from_dict(FULL)
+    [container] = k8s.kubeflow_tfjob(cfg, IMAGE, "t.py")["spec"]["tfReplicaSpecs"]["PS"]["template"]["spec"][
+        "containers"]
+    pod_config = JobConfig.from_json(_values(container)[constants.ENV_CONFIG])
+    monkeypatch.delenv(pod_config.security.token_env, raising=False)
+    secret = tmp_path / "token"
+    secret.write_text("s3cret-token-value\n")
+    secret.chmod(0o400)
+    pod_config.security.token_file = str(secret)  # where the kubelet mounted it
+    assert pod_config.security.resolve_token() == "s3cret-token-value"
+    pod_config.security.token_file = str(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=r"(?s)`security.token_file`.*cannot be read.*Mount the token Secret"):
+        pod_config.security.resolve_token()
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    pod_config.security.token_file = str(empty)
+    with pytest.raises(ConfigError, match="The token file is empty"):
+        pod_config.security.resolve_token()
 
 
 def test_token_secret():
@@ -290,18 +320,110 @@ def test_the_checkpoint_claim_is_mounted_on_ps_pods_and_the_chief():
     cfg = JobConfig.from_dict(FULL)
     pods = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "t.py"))
     for task, (pod, container) in pods.items():
+        claims = [v for v in pod["volumes"] if v["name"] == "checkpoints"]
+        mounts = [m for m in container["volumeMounts"] if m["name"] == "checkpoints"]
         if task.job in ("ps", "chief"):
             claim = {"claimName": "full-checkpoints"}
-            assert pod["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": claim}]
-            assert container["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/checkpoints"}]
+            assert claims == [{"name": "checkpoints", "persistentVolumeClaim": claim}]
+            assert mounts == [{"name": "checkpoints", "mountPath": "/checkpoints"}]
         else:
-            assert "volumes" not in pod and "volumeMounts" not in container
+            assert claims == [] and mounts == []
     custom = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "t.py", checkpoint_claim="shared-nfs"))
     assert custom[TaskSpec("ps", 1)][0]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "shared-nfs"}
     none = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "t.py", checkpoint_volume=False))
-    assert all("volumes" not in pod for pod, _ in none.values())
+    assert all(v["name"] != "checkpoints" for pod, _ in none.values() for v in pod["volumes"])
     replicas = k8s.kubeflow_tfjob(cfg, IMAGE, "t.py")["spec"]["tfReplicaSpecs"]
-    assert {r for r, s in replicas.items() if "volumes" in s["template"]["spec"]} == {"Chief", "PS"}
+    assert {r for r, s in replicas.items()
+            if any(v["name"] == "checkpoints" for v in s["template"]["spec"]["volumes"])} == {"Chief", "PS"}
+
+
+def test_one_checkpoint_claim_per_ps_task_when_asked():
+    cfg = JobConfig.from_dict(FULL)
+    pods = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "t.py", checkpoint_claim_per_ps=True))
+    claim_of = {task: [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if v["name"] == "checkpoints"]
+                for task, (pod, _) in pods.items()}
+    assert claim_of[TaskSpec("ps", 0)] == ["full-checkpoints-ps-0"]
+    assert claim_of[TaskSpec("ps", 1)] == ["full-checkpoints-ps-1"]
+    assert claim_of[TaskSpec("chief", 0)] == ["full-checkpoints"]  # the chief saves the model on the shared one
+    notes = " ".join(k8s.prerequisites(cfg, checkpoint_claim_per_ps=True))
+    assert "'full-checkpoints-ps-0', 'full-checkpoints-ps-1'" in notes and "ReadWriteOnce is enough" in notes
+    with pytest.raises(ConfigError, match="share one pod template"):
+        k8s.kubeflow_tfjob(cfg, IMAGE, "t.py", checkpoint_claim_per_ps=True)
+    with pytest.raises(ConfigError, match="needs a checkpoint volume"):
+        k8s.kubernetes_jobs(cfg, IMAGE, "t.py", checkpoint_claim_per_ps=True, checkpoint_volume=False)
+
+
+def _all_pods(cfg):
+    docs = k8s.kubernetes_jobs(cfg, IMAGE, "t.py")
+    tfjob = k8s.kubeflow_tfjob(cfg, IMAGE, "t.py")
+    plain = [(task.job, pod) for task, (pod, _) in _containers(docs).items()]
+    kubeflow = [(rtype.lower(), s["template"]["spec"]) for rtype, s in tfjob["spec"]["tfReplicaSpecs"].items()]
+    return docs, tfjob, plain + kubeflow
+
+
+def test_every_pod_is_restricted_compatible_with_requests_and_a_pull_policy():
+    """Pod Security "restricted" (Kubernetes 1.25+) and a ResourceQuota without a LimitRange both admit every pod."""
+    _, _, pods = _all_pods(JobConfig.from_dict(FULL))
+    for job, pod in pods:
+        ctx = pod["securityContext"]
+        assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] == 1000 and ctx["fsGroup"] == 1000
+        assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+        for container in pod["containers"]:
+            c = container["securityContext"]
+            assert c["allowPrivilegeEscalation"] is False and c["capabilities"] == {"drop": ["ALL"]}
+            assert not c.get("privileged") and c.get("runAsUser", 1) != 0
+            assert container["imagePullPolicy"] == "IfNotPresent"
+            requests = container["resources"]["requests"]
+            assert {"cpu", "memory"} <= set(requests), (job, container["resources"])  # never BestEffort
+            assert "memory" in container["resources"]["limits"]
+        for volume in pod["volumes"]:  # restricted allows these volume types (no hostPath)
+            assert set(volume) - {"name"} <= {"secret", "persistentVolumeClaim"}
+            if "secret" in volume:
+                assert volume["secret"]["defaultMode"] == 0o400
+
+
+def test_kubernetes_section_sets_resources_pull_policy_ttl_and_user():
+    data = dict(FULL, kubernetes={"resources": {"worker": {"requests": {"cpu": "4", "nvidia.com/gpu": 1},
+                                                           "limits": {"nvidia.com/gpu": 1}}, "evaluator": {}},
+                                  "image_pull_policy": "Always", "ttl_seconds_after_finished": None,
+                                  "run_as_user": 4242})
+    cfg = JobConfig.from_dict(data)
+    docs, tfjob, _ = _all_pods(cfg)
+    pods = _containers(docs)
+    worker = pods[TaskSpec("worker", 0)][1]
+    assert worker["resources"] == {"requests": {"cpu": "4", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
+    assert "resources" not in pods[TaskSpec("evaluator", 0)][1]  # {}: none written
+    assert pods[TaskSpec("ps", 0)][1]["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}  # the default kept
+    assert worker["imagePullPolicy"] == "Always"
+    assert pods[TaskSpec("ps", 0)][0]["securityContext"]["runAsUser"] == 4242
+    assert all("ttlSecondsAfterFinished" not in d["spec"] for d in docs if d["kind"] == "Job")
+    assert "ttlSecondsAfterFinished" not in tfjob["spec"]["runPolicy"]
+    assert JobConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("resources", {"gpu-workers": {}}, "`kubernetes.resources.gpu-workers`"),
+    ("resources", {"worker": {"request": {}}}, "`kubernetes.resources.worker`"),
+    ("resources", {"worker": {"requests": {"cpu": "two"}}}, "`kubernetes.resources.worker.requests.cpu`"),
+    ("resources", {"worker": {"requests": {"memory": "2GB"}}}, "Kubernetes quantity"),
+    ("image_pull_policy", "always", "`kubernetes.image_pull_policy`"),
+    ("ttl_seconds_after_finished", -1, "`kubernetes.ttl_seconds_after_finished`"),
+    ("run_as_user", 0, "non-root"),
+])
+def test_a_bad_kubernetes_field_is_refused_naming_it(field, value, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        JobConfig.from_dict({"kubernetes": {field: value}})
+
+
+def test_ttl_and_pod_replacement_policy():
+    docs, tfjob, _ = _all_pods(JobConfig.from_dict(FULL))
+    jobs = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Job"}
+    assert {spec["ttlSecondsAfterFinished"] for spec in jobs.values()} == {86400}
+    assert tfjob["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 86400
+    # A replacement PS pod never runs beside the one it replaces (two writers on one checkpoint folder).
+    assert {name for name, spec in jobs.items() if spec.get("podReplacementPolicy") == "Failed"} == {
+        "full-ps-0", "full-ps-1"}
 
 
 def test_tls_files_come_from_the_tls_secret():
@@ -454,6 +576,9 @@ def test_cli_emit_secret_to_a_private_file(capsys, caplog, tmp_path):
     (["--emit", "k8s", "--image", "x", "--task", "ps:0"], "Received: --emit k8s --task ps:0. Leave --task out."),
     (["--emit", "k8s", "--image", "x", "--checkpoint-claim", "c", "--no-checkpoint-volume"], "contradict"),
     (["--emit", "k8s", "--image", "x", "--namespace", "NS"], "Received: namespace='NS'"),
+    (["--emit", "k8s", "--image", "x", "--emit-secret"], "Received: --emit-secret without --output. Add --output FILE"),
+    (["--emit", "kubeflow", "--image", "x", "--checkpoint-claim-per-ps"], "share one pod template"),
+    (["--checkpoint-claim-per-ps"], "--checkpoint-claim-per-ps is an option of --emit"),
 ])
 def test_cli_emit_mistakes_exit_2_with_a_message(capsys, args, message):
     code, out, err = _emit(capsys, *args)

@@ -160,6 +160,7 @@ def test_wait_stops_the_job_for_a_worker_the_mode_needs():
 
 def test_wait_stops_the_job_when_the_chief_dies_after_a_tolerated_worker():
     config = _config("async", workers=3)
+    config.launch.restart_chief = False  # restarting it would start train.py for real
     w0, w1, w2 = FakeTask("worker", 0), FakeTask("worker", 1, code=1), FakeTask("worker", 2)
     job = job_of(config, FakeTask("ps", 0), w0, w1, w2)
     w0.code = 2
@@ -211,3 +212,73 @@ def test_free_ports_are_distinct_and_picked_at_once():
     addresses = config.cluster.ps + config.cluster.worker
     assert len(set(addresses)) == 6 and "127.0.0.1:5000" in addresses
     assert not any(a.endswith(":0") for a in addresses)
+
+
+# ------------------------------------------------------------------ deterministic failures, a finished job
+def test_wait_never_restarts_a_task_that_exited_with_the_config_error_code():
+    from tfdist.errors import TaskConfigError
+    from tfdist.exit_status import EXIT_CONFIG_ERROR
+
+    config = _config("async", workers=2)  # launch.restart_chief and restart_ps are on
+    w0, w1 = FakeTask("worker", 0, code=EXIT_CONFIG_ERROR), FakeTask("worker", 1)
+    job = job_of(config, FakeTask("ps", 0), w0, w1)
+    job.start_task = lambda task: pytest.fail(f"{task} was restarted")
+    with pytest.raises(TaskConfigError, match=r"(?s)worker:0 exited with code 78 .*ConfigError.*not restarted"):
+        job.wait(timeout=5, poll_s=0.01)
+    assert w1.signals and not w1.running
+    assert job.restarts == {}
+
+
+@pytest.mark.parametrize("job_name", ["ps", "worker"])
+def test_wait_never_restarts_a_config_error_of_any_task(job_name):
+    from tfdist.errors import TaskConfigError
+
+    config = _config("async", workers=1)
+    tasks = {"ps": FakeTask("ps", 0), "worker": FakeTask("worker", 0)}
+    tasks[job_name].code = 78
+    job = job_of(config, *tasks.values())
+    job.start_task = lambda task: pytest.fail(f"{task} was restarted")
+    with pytest.raises(TaskConfigError, match=f"{job_name}:0 exited with code 78"):
+        job.wait(timeout=5, poll_s=0.01)
+
+
+def test_a_chief_that_fails_after_the_ps_tasks_ended_the_job_counts_as_finished(caplog):
+    config = _config("async", workers=2)
+    ps, w0, w1 = FakeTask("ps", 0, code=0), FakeTask("worker", 0, code=1), FakeTask("worker", 1, code=0)
+    job = job_of(config, ps, w0, w1)
+    job.start_task = lambda task: pytest.fail(f"{task} was restarted")
+    with caplog.at_level("WARNING"):
+        job.wait(timeout=5, poll_s=0.01)
+    assert [str(t) for t in job.finished_with_error] == ["worker:0"]
+    assert "after its training finished (the parameter servers had ended the job" in caplog.text
+
+
+def test_a_worker_that_said_done_and_then_failed_is_not_restarted_while_the_others_train(caplog):
+    config = _config("async", workers=2)
+    ps, w0, w1 = FakeTask("ps", 0), FakeTask("worker", 0, code=1), FakeTask("worker", 1)
+    job = job_of(config, ps, w0, w1)
+    job._said_done = lambda worker: worker == 0  # what ps:0's Status answers: done_workers [0]
+    job.start_task = lambda task: pytest.fail(f"{task} was restarted")
+    finished = []
+    job.stop = lambda grace=5.0: finished.append("stopped")
+    w1.code = 0  # the other worker ends; the job ends with it
+    with caplog.at_level("WARNING"):
+        job.wait(timeout=5, poll_s=0.01)
+    assert [str(t) for t in job.finished_with_error] == ["worker:0"]
+    assert "it had told the parameter servers it was done" in caplog.text
+
+
+def test_a_chief_that_crashed_before_saying_done_is_restarted():
+    config = _config("async", workers=2)
+    ps, w0, w1 = FakeTask("ps", 0), FakeTask("worker", 0, code=1), FakeTask("worker", 1, code=0)
+    job = job_of(config, ps, w0, w1)
+    job._said_done = lambda worker: False
+    started = []
+
+    def start_task(task):
+        started.append(str(task))
+        job.tasks[str(task)] = FakeTask(task.job, task.index, code=0)  # the new incarnation ends cleanly
+
+    job.start_task = start_task
+    job.wait(timeout=5, poll_s=0.01)
+    assert started == ["worker:0"] and job.restarts == {"worker:0": 1}

@@ -15,11 +15,16 @@ config lists, and one port for all (:data:`DEFAULT_PORT`; each pod has its own I
 :func:`kubernetes_config` and :func:`kubeflow_config` return the config with
 those addresses. A pod of the plain manifests gets ``TF_CONFIG`` =
 ``json.dumps(kubernetes_config(config).tf_config(task))``; in a TFJob the
-operator writes ``TF_CONFIG`` itself and it names the same addresses (less the
-evaluators: the operator leaves ``evaluator`` out of the cluster, TensorFlow's
-convention, and a tfdist evaluator needs only the PS addresses). Every pod also
+operator writes ``TF_CONFIG`` itself and it names the same addresses, every
+replica type included (the operator's ``genClusterSpec`` lists ``evaluator``
+too, v1.2 to v1.9), plus ``"environment": "cloud"``. Every pod also
 gets ``TFDIST_CONFIG`` (the rest of the config, as the local launcher sets it)
-and the job token from the Secret ``<name>-token`` (key ``token``).
+and the job token as a file from the Secret ``<name>-token`` (key ``token``,
+mounted at :data:`TOKEN_MOUNT_PATH` with mode 0400; ``security.token_file``
+points there), never as an environment variable. Every pod has resource
+requests and a memory limit (``kubernetes.resources``), ``imagePullPolicy``
+(``kubernetes.image_pull_policy``) and a securityContext that Pod Security
+"restricted" admits (``kubernetes.run_as_user``).
 
 Example:
 
@@ -51,6 +56,8 @@ __all__ = [
     "DEFAULT_PORT",
     "CHECKPOINT_MOUNT_PATH",
     "TLS_MOUNT_PATH",
+    "TOKEN_MOUNT_PATH",
+    "SECRET_FILE_MODE",
     "TLS_SECRET_KEYS",
     "TOKEN_SECRET_KEY",
     "KUBEFLOW_REPLICA_TYPES",
@@ -60,6 +67,7 @@ __all__ = [
     "token_secret_name",
     "tls_secret_name",
     "checkpoint_claim_name",
+    "ps_checkpoint_claim",
     "kubernetes_config",
     "kubeflow_config",
     "kubernetes_jobs",
@@ -73,15 +81,21 @@ __all__ = [
 DEFAULT_PORT = 2222
 #: Where the checkpoint volume is mounted (PS pods and the chief's).
 CHECKPOINT_MOUNT_PATH = "/checkpoints"
-#: Where the TLS Secret ``<name>-tls`` is mounted (read-only).
+#: Where the TLS Secret ``<name>-tls`` is mounted (read-only, files mode 0400).
 TLS_MOUNT_PATH = "/etc/tfdist/tls"
+#: Where the token Secret ``<name>-token`` is mounted (read-only, mode 0400); the token is file ``token`` there.
+TOKEN_MOUNT_PATH = "/etc/tfdist/token"
+#: Mode of the secret files in the pods: readable by their owner only (with ``fsGroup`` set, the kubelet adds
+#: read for the pod's group, which is how the non-root user reads them).
+SECRET_FILE_MODE = 0o400
 #: Key of each TLS file in the Secret ``<name>-tls``, by config field.
 TLS_SECRET_KEYS = {"tls_cert": "tls.crt", "tls_key": "tls.key", "tls_ca": "ca.crt"}
 #: Key of the token in the Secret ``<name>-token``.
 TOKEN_SECRET_KEY = "token"
 #: TFJob replica type of each tfdist job (a TFJob has no replica type for ``input`` tasks).
 KUBEFLOW_REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
-#: Restarts in place (``OnFailure``) a Job (or a TFJob, all replicas together) allows before it fails.
+#: ``backoffLimit`` of an ``OnFailure`` Job (or of a TFJob, all replicas together): Kubernetes and the
+#: operator fail the job when its restarts reach it, so a job survives ``RESTART_LIMIT - 1`` (2) restarts.
 RESTART_LIMIT = 3
 
 #: Order of the Jobs in the plain manifests (servers first, as the local launcher starts them).
@@ -172,12 +186,13 @@ def _check_emittable(config: JobConfig, kubeflow: bool) -> None:
 
 # --------------------------------------------------------- addressed configs
 def _addressed(config: JobConfig, address) -> JobConfig:
-    """``config`` with every task at ``address(task)`` and the TLS files at their mount path."""
+    """``config`` with every task at ``address(task)``, the TLS files and the token file at their mount paths."""
     jobs = {job: [address(TaskSpec(job, i)) for i in range(len(getattr(config.cluster, job)))] for job in JOB_NAMES}
     tls = {name: f"{TLS_MOUNT_PATH}/{key}" if getattr(config.security, name) else None
            for name, key in TLS_SECRET_KEYS.items()}
     return dataclasses.replace(config, cluster=ClusterConfig(**jobs),
-                               security=dataclasses.replace(config.security, **tls))
+                               security=dataclasses.replace(config.security, token=None, **tls,
+                                                            token_file=f"{TOKEN_MOUNT_PATH}/{TOKEN_SECRET_KEY}"))
 
 
 def _check_port(port: Any) -> None:
@@ -248,6 +263,7 @@ class _PodOptions:
     namespace: str
     port: int
     checkpoint_claim: str | None  # None: no checkpoint volume
+    claim_per_ps: bool = False  # PS task i mounts <checkpoint_claim>-ps-<i>
 
     def __post_init__(self):
         if not isinstance(self.image, str) or not self.image or any(c.isspace() for c in self.image):
@@ -278,9 +294,21 @@ class _PodOptions:
 
 
 def _options(config: JobConfig, image, script, script_args, namespace, port, checkpoint_claim,
-             checkpoint_volume: bool) -> _PodOptions:
+             checkpoint_volume: bool, claim_per_ps: bool = False) -> _PodOptions:
     claim = (checkpoint_claim or checkpoint_claim_name(config)) if checkpoint_volume else None
-    return _PodOptions(image, script, tuple(str(a) for a in script_args), namespace, port, claim)
+    if claim_per_ps and claim is None:
+        raise ConfigError("One checkpoint claim per PS task needs a checkpoint volume. Received: "
+                          "--checkpoint-claim-per-ps with --no-checkpoint-volume. Leave one of them out.")
+    return _PodOptions(image, script, tuple(str(a) for a in script_args), namespace, port, claim, claim_per_ps)
+
+
+def _security_context(config: JobConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(pod securityContext, container securityContext)`` that Pod Security "restricted" admits."""
+    uid = config.kubernetes.run_as_user
+    pod = {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
+           "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return pod, container
 
 
 def _saves(config: JobConfig, job: str) -> bool:
@@ -289,29 +317,39 @@ def _saves(config: JobConfig, job: str) -> bool:
 
 
 def _env(config: JobConfig, task: TaskSpec, with_tf_config: bool) -> list[dict[str, Any]]:
-    """The task's environment as the local launcher builds it, the token read from its Secret."""
+    """The task's environment as the local launcher builds it, less the token (a mounted file, :func:`_volumes`)."""
     token_env = config.security.token_env
     env = task_environment(config, task, token="<from the Secret>", base={})
     out = []
     for name, value in env.items():
-        if name == token_env:
-            out.append({"name": name, "valueFrom": {"secretKeyRef": {"name": token_secret_name(config),
-                                                                     "key": TOKEN_SECRET_KEY}}})
-        elif name != constants.ENV_TF_CONFIG or with_tf_config:
+        if name != token_env and (name != constants.ENV_TF_CONFIG or with_tf_config):
             out.append({"name": name, "value": value})
     return out
 
 
-def _volumes(config: JobConfig, job: str, opts: _PodOptions, saves: bool) -> tuple[list[dict], list[dict]]:
-    """``(volumes, volumeMounts)``: the checkpoint claim (PS, chief) and the TLS files this job reads."""
+def ps_checkpoint_claim(claim: str, index: int) -> str:
+    """``<claim>-ps-<index>``: PS task ``index``'s own claim (``--checkpoint-claim-per-ps``)."""
+    return f"{claim}-ps-{index}"
+
+
+def _volumes(config: JobConfig, task: TaskSpec, opts: _PodOptions, saves: bool) -> tuple[list[dict], list[dict]]:
+    """``(volumes, volumeMounts)``: the checkpoint claim (PS, chief), the token and the TLS files this job reads."""
     volumes, mounts = [], []
+    job = task.job
     if opts.checkpoint_claim and (job == "ps" or saves):
-        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": opts.checkpoint_claim}})
+        claim = opts.checkpoint_claim
+        if job == "ps" and opts.claim_per_ps:
+            claim = ps_checkpoint_claim(claim, task.index)
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
         mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT_PATH})
+    volumes.append({"name": "token", "secret": {"secretName": token_secret_name(config), "defaultMode": SECRET_FILE_MODE,
+                                                "items": [{"key": TOKEN_SECRET_KEY, "path": TOKEN_SECRET_KEY}]}})
+    mounts.append({"name": "token", "mountPath": TOKEN_MOUNT_PATH, "readOnly": True})
     fields = config.security.tls_fields(job)
     if fields:
         items = [{"key": TLS_SECRET_KEYS[f], "path": TLS_SECRET_KEYS[f]} for f in fields]
-        volumes.append({"name": "tls", "secret": {"secretName": tls_secret_name(config), "items": items}})
+        volumes.append({"name": "tls", "secret": {"secretName": tls_secret_name(config), "items": items,
+                                                  "defaultMode": SECRET_FILE_MODE}})
         mounts.append({"name": "tls", "mountPath": TLS_MOUNT_PATH, "readOnly": True})
     return volumes, mounts
 
@@ -336,19 +374,22 @@ def _with_ps_checkpoints(config: JobConfig, opts: _PodOptions) -> JobConfig:
 
 def _pod_spec(config: JobConfig, task: TaskSpec, opts: _PodOptions, *, container: str, port_name: str,
               with_tf_config: bool, saves: bool, restart_policy: str) -> dict[str, Any]:
-    volumes, mounts = _volumes(config, task.job, opts, saves)
-    spec: dict[str, Any] = {"name": container, "image": opts.image}
+    volumes, mounts = _volumes(config, task, opts, saves)
+    pod_security, container_security = _security_context(config)
+    spec: dict[str, Any] = {"name": container, "image": opts.image,
+                            "imagePullPolicy": config.kubernetes.image_pull_policy}
     if opts.script is not None or task.job in _SERVER_JOBS:
         argv = task_argv(task, opts.script, opts.script_args, config)
         spec["command"] = [_PYTHON, *argv[1:]]
     spec["ports"] = [{"name": port_name, "containerPort": opts.port}]
     spec["env"] = _env(config, task, with_tf_config)
-    if mounts:
-        spec["volumeMounts"] = mounts
-    pod: dict[str, Any] = {"restartPolicy": restart_policy, "containers": [spec]}
-    if volumes:
-        pod["volumes"] = volumes
-    return pod
+    resources = config.kubernetes.resources.get(task.job) or {}
+    if any(resources.values()):
+        spec["resources"] = {kind: dict(values) for kind, values in resources.items() if values}
+    spec["securityContext"] = container_security
+    spec["volumeMounts"] = mounts
+    return {"restartPolicy": restart_policy, "securityContext": pod_security, "containers": [spec],
+            "volumes": volumes}
 
 
 def _metadata(config: JobConfig, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
@@ -359,6 +400,12 @@ def _deadline(config: JobConfig) -> dict[str, int]:
     """``activeDeadlineSeconds`` from ``launch.job_timeout_s`` (none when unset)."""
     timeout = config.launch.job_timeout_s
     return {} if timeout is None else {"activeDeadlineSeconds": max(1, math.ceil(timeout))}
+
+
+def _ttl(config: JobConfig) -> dict[str, int]:
+    """``ttlSecondsAfterFinished`` from ``kubernetes.ttl_seconds_after_finished`` (none when null)."""
+    ttl = config.kubernetes.ttl_seconds_after_finished
+    return {} if ttl is None else {"ttlSecondsAfterFinished": ttl}
 
 
 # ------------------------------------------------------------- manifests
@@ -372,6 +419,7 @@ def kubernetes_jobs(
     port: int = DEFAULT_PORT,
     checkpoint_claim: str | None = None,
     checkpoint_volume: bool = True,
+    checkpoint_claim_per_ps: bool = False,
 ) -> list[dict[str, Any]]:
     """Plain Kubernetes manifests (no operator): one headless Service, then one Job per task.
 
@@ -400,8 +448,8 @@ def kubernetes_jobs(
     chief) rejoins the running job like the local launcher's
     ``launch.restart_chief`` — with ``launch.restart_chief: false``, or in a
     job without parameter servers, it is ``Never`` (its failure ends the
-    job). ``OnFailure`` Jobs allow :data:`RESTART_LIMIT` restarts. ``launch.job_timeout_s`` becomes every Job's
-    ``activeDeadlineSeconds``.
+    job). ``OnFailure`` Jobs get ``backoffLimit:`` :data:`RESTART_LIMIT`: a Job fails when its restarts
+    reach it (2 restarts survive). ``launch.job_timeout_s`` becomes every Job's ``activeDeadlineSeconds``.
 
     Args:
         config: The job. Counts and addresses in its cluster are replaced by
@@ -418,6 +466,14 @@ def kubernetes_jobs(
             :data:`CHECKPOINT_MOUNT_PATH` on PS pods and the chief's. Defaults
             to ``<name>-checkpoints``.
         checkpoint_volume: Mount the checkpoint claim at all. Defaults to ``True``.
+        checkpoint_claim_per_ps: PS task ``i`` mounts its own claim
+            ``<checkpoint_claim>-ps-<i>`` (ReadWriteOnce is enough), the chief
+            the shared one. Defaults to ``False`` (one claim for all).
+
+    PS Jobs also get ``podReplacementPolicy: Failed`` (Kubernetes >= 1.29): a
+    replacement PS pod starts only once the old one has terminated, never
+    beside it (two writers on one checkpoint folder). Every Job gets
+    ``ttlSecondsAfterFinished`` (``kubernetes.ttl_seconds_after_finished``).
 
     Returns:
         ``[Service, Job, ...]``, the Jobs in the order ps, input, chief, worker, evaluator.
@@ -427,7 +483,8 @@ def kubernetes_jobs(
             name, or an elastic job.
     """
     addressed = kubernetes_config(config, port)  # the job name first: every other name derives from it
-    opts = _options(config, image, script, script_args, namespace, port, checkpoint_claim, checkpoint_volume)
+    opts = _options(config, image, script, script_args, namespace, port, checkpoint_claim, checkpoint_volume,
+                    checkpoint_claim_per_ps)
     addressed = _with_ps_checkpoints(addressed, opts)
     labels = {_LABEL_JOB: config.name}
     service = {
@@ -458,6 +515,8 @@ def kubernetes_jobs(
             "spec": {
                 "backoffLimit": 0 if policy == "Never" else RESTART_LIMIT,
                 **_deadline(config),
+                **_ttl(config),
+                **({"podReplacementPolicy": "Failed"} if task.job == "ps" else {}),
                 "template": {"metadata": {"labels": pod_labels}, "spec": pod},
             },
         })
@@ -474,6 +533,7 @@ def kubeflow_tfjob(
     port: int = DEFAULT_PORT,
     checkpoint_claim: str | None = None,
     checkpoint_volume: bool = True,
+    checkpoint_claim_per_ps: bool = False,
 ) -> dict[str, Any]:
     """A Kubeflow ``TFJob`` (``kubeflow.org/v1``; the training operator runs it).
 
@@ -484,14 +544,18 @@ def kubeflow_tfjob(
     ``tfjob-port``). Each pod also gets ``TFDIST_CONFIG`` of that config and
     the token from the Secret ``<name>-token``.
 
-    Restart policies: ``Worker``, ``PS`` and ``Evaluator`` ``OnFailure``, at
-    most :data:`RESTART_LIMIT` restarts in all (``runPolicy.backoffLimit``);
+    Restart policies: ``Worker``, ``PS`` and ``Evaluator`` ``OnFailure``, with
+    ``runPolicy.backoffLimit:`` :data:`RESTART_LIMIT` (the TFJob fails when the
+    restarts of all its pods together reach it: 2 survive);
     a PS restores its newest checkpoint from the checkpoint volume. ``Chief``
     ``OnFailure`` too (it rejoins the running job, ``launch.restart_chief``),
     or ``Never`` with ``launch.restart_chief: false`` (its failure fails the
     TFJob, and ``cleanPodPolicy: Running`` removes the other pods). Workers share one pod template, so
     without a chief worker 0 restarts like the others: give the config a
-    chief. The TFJob succeeds when the chief (else worker 0) does.
+    chief. The TFJob succeeds when the chief (else worker 0) exits 0; then
+    ``cleanPodPolicy: Running`` deletes every pod still running — the PS
+    tasks, and workers still in ``fit`` or an evaluator, which are cut short.
+    It fails when any pod fails for good (past its restarts, or ``Never``).
     ``launch.job_timeout_s`` becomes ``runPolicy.activeDeadlineSeconds``.
 
     Args:
@@ -509,12 +573,18 @@ def kubeflow_tfjob(
             :data:`CHECKPOINT_MOUNT_PATH` on the PS pods and the chief's (every
             worker's when there is no chief). Defaults to ``<name>-checkpoints``.
         checkpoint_volume: Mount the checkpoint claim at all. Defaults to ``True``.
+        checkpoint_claim_per_ps: Refused (``ConfigError``): the PS replicas
+            of a TFJob share one template. Defaults to ``False``.
 
     Raises:
         ConfigError: a bad job name, image, script, namespace, port or claim
-            name; an elastic job; input tasks.
+            name; an elastic job; input tasks; ``checkpoint_claim_per_ps``.
     """
     addressed = kubeflow_config(config, namespace, port)  # the job name first: every other name derives from it
+    if checkpoint_claim_per_ps:
+        raise ConfigError("A TFJob cannot give each PS task its own checkpoint claim: its PS replicas share one pod "
+                          "template. Received: --checkpoint-claim-per-ps with --emit kubeflow. Use --emit k8s, or "
+                          "one ReadWriteMany claim for every PS task (each writes its own ps-<i>/ folder).")
     opts = _options(config, image, script, script_args, namespace, port, checkpoint_claim, checkpoint_volume)
     addressed = _with_ps_checkpoints(addressed, opts)
     labels = {_LABEL_JOB: config.name}
@@ -539,7 +609,8 @@ def kubeflow_tfjob(
         "kind": "TFJob",
         "metadata": _metadata(config, config.name, namespace, labels),
         "spec": {
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": RESTART_LIMIT, **_deadline(config)},
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": RESTART_LIMIT, **_deadline(config),
+                          **_ttl(config)},
             "tfReplicaSpecs": replicas,
         },
     }
@@ -573,7 +644,8 @@ def token_secret(config: JobConfig, namespace: str = "default", token: str | Non
 
 
 def prerequisites(config: JobConfig, namespace: str = "default", *, checkpoint_claim: str | None = None,
-                  checkpoint_volume: bool = True, token_secret_included: bool = False) -> list[str]:
+                  checkpoint_volume: bool = True, token_secret_included: bool = False,
+                  checkpoint_claim_per_ps: bool = False) -> list[str]:
     """What must exist in the namespace before the manifests are applied, as comment lines.
 
     Args:
@@ -583,6 +655,7 @@ def prerequisites(config: JobConfig, namespace: str = "default", *, checkpoint_c
         checkpoint_volume: Whether the manifests mount it. Defaults to ``True``.
         token_secret_included: The token Secret is among the manifests.
             Defaults to ``False`` (say how to create it).
+        checkpoint_claim_per_ps: Each PS task mounts its own claim. Defaults to ``False``.
     """
     ns = f" -n {namespace}"
     lines = [f"tfdist job {config.name!r}. Apply: kubectl apply{ns} -f FILE. Remove: kubectl delete{ns} -f FILE."]
@@ -595,8 +668,13 @@ def prerequisites(config: JobConfig, namespace: str = "default", *, checkpoint_c
                      + files)
     if checkpoint_volume:
         claim = checkpoint_claim or checkpoint_claim_name(config)
-        lines.append(f"The PersistentVolumeClaim {claim!r} must exist (ReadWriteMany when the PS pods and the "
-                     f"chief may land on different nodes); it is mounted at {CHECKPOINT_MOUNT_PATH}.")
+        if checkpoint_claim_per_ps:
+            own = ", ".join(repr(ps_checkpoint_claim(claim, i)) for i in range(len(config.cluster.ps)))
+            lines.append(f"The PersistentVolumeClaims {own} (one per PS task, ReadWriteOnce is enough) and {claim!r} "
+                         f"(the chief's) must exist; each is mounted at {CHECKPOINT_MOUNT_PATH}.")
+        else:
+            lines.append(f"The PersistentVolumeClaim {claim!r} must exist (ReadWriteMany when the PS pods and the "
+                         f"chief may land on different nodes); it is mounted at {CHECKPOINT_MOUNT_PATH}.")
     return lines
 
 

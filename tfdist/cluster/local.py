@@ -15,11 +15,11 @@ import sys
 import time
 from typing import IO, Sequence
 
-from tfdist import constants
+from tfdist import constants, exit_status
 from tfdist.cluster.failure import FailureDecision, decide_worker_failure
 from tfdist.cluster.process import TaskProcess
 from tfdist.config import JOB_NAMES, UNASSIGNED, ClusterConfig, JobConfig, TaskSpec
-from tfdist.errors import ConfigError, LaunchError, TfdistError
+from tfdist.errors import ConfigError, LaunchError, TaskConfigError, TfdistError
 
 __all__ = ["LocalJob", "assign_ports", "task_environment", "free_port", "free_ports", "local_task_limit",
            "check_local_task_count"]
@@ -271,6 +271,9 @@ class LocalJob:
         self.failed_workers: list[TaskSpec] = []
         #: Restarts of each task after it died (``launch.restart_ps``, ``launch.restart_chief``).
         self.restarts: dict[str, int] = {}
+        #: Training tasks that exited non-zero after their work was done (they had said ``Done``, or the PS
+        #: tasks had ended the job): the job counts them as finished, not failed, and never restarts them.
+        self.finished_with_error: list[TaskSpec] = []
         #: TF intra-op threads per training task (``launch.threads_per_task``); None: TF's default.
         self.threads_per_task = local_threads_per_task(self.config)
         if self.threads_per_task is not None and "TF_NUM_INTRAOP_THREADS" not in {**os.environ, **self.config.launch.env}:
@@ -397,7 +400,7 @@ class LocalJob:
         deadline = None if timeout is None else time.monotonic() + timeout
         training = [k for k, p in self.tasks.items() if p.task.job in TRAINING_JOBS]
         while True:
-            left_out = {str(t) for t in self.failed_workers}
+            left_out = {str(t) for t in self.failed_workers} | {str(t) for t in self.finished_with_error}
             codes = {k: self.tasks[k].poll() for k in training}
             if training and all(code == 0 or (code is not None and k in left_out) for k, code in codes.items()):
                 return
@@ -407,6 +410,12 @@ class LocalJob:
                 if code is None or code == 0 or key in left_out:
                     continue
                 decision = None
+                if exit_status.is_deterministic_failure(code):
+                    self._fail(proc, config_error=True)
+                if proc.task.job in TRAINING_JOBS and self._finished_its_work(proc.task):
+                    self._count_finished(proc)
+                    left_out.add(key)
+                    continue
                 if self._restart(proc):
                     continue
                 if proc.task.job in TRAINING_JOBS:
@@ -439,7 +448,7 @@ class LocalJob:
         elif task.job in TRAINING_JOBS and cluster.worker_id(task.job, task.index) == 0:
             if not (launch.restart_chief and cluster.ps and not self.config.elastic.enabled):
                 return False
-            if self._said_done(0):  # it finished its work and failed on the way out (e.g. the exit watchdog)
+            if self._finished_its_work(task):  # it said Done, or the PS tasks ended the job: nothing to rejoin
                 return False
             what = "it runs the script again and joins the running job with the parameter servers' values"
         else:
@@ -453,6 +462,34 @@ class LocalJob:
                        done + 1, launch.max_restarts, what)
         self.start_task(task)
         return True
+
+    def _servers_ended_the_job(self) -> bool:
+        """Whether every PS task of this launch exited 0: they do so by themselves once every worker said ``Done``."""
+        ps = [p for p in self.tasks.values() if p.task.job == "ps"]
+        return bool(ps) and all(p.poll() == 0 for p in ps)
+
+    def _finished_its_work(self, task: TaskSpec) -> bool:
+        """Whether training task ``task`` ended its training: it said ``Done``, or the PS tasks ended the job.
+
+        A task says ``Done`` only when its script ended cleanly
+        (:mod:`tfdist.exit_status`), so a non-zero exit after it is the
+        interpreter's shutdown (e.g. the exit watchdog), not lost training.
+        """
+        if not self.config.cluster.ps or self.config.elastic.enabled:
+            return False
+        if self._servers_ended_the_job():
+            return True
+        return self._said_done(self.config.cluster.worker_id(task.job, task.index))
+
+    def _count_finished(self, proc: TaskProcess) -> None:
+        """Counts a training task that exited non-zero after its work was done as finished (never restarted)."""
+        self.finished_with_error.append(proc.task)
+        why = ("the parameter servers had ended the job (every worker said Done)" if self._servers_ended_the_job()
+               else "it had told the parameter servers it was done")
+        tail = "\n".join("    " + line for line in list(proc.tail)[-5:])
+        logger.warning("Task %s after its training finished (%s); not restarting it, and the job counts it as "
+                       "finished.\n  Last lines of %s:\n%s\n  Full log: %s", proc.describe_exit(), why, proc.task,
+                       tail, proc.log_path)
 
     def _said_done(self, worker: int) -> bool:
         """Whether a PS task reports ``worker`` done (it ended its training); False when none answers."""
@@ -495,13 +532,18 @@ class LocalJob:
             logger.info("could not tell the parameter servers that worker(s) %s ended (%s); they stop waiting "
                         "for them after ps.heartbeat_timeout_s", list(workers), e)
 
-    def _fail(self, proc: TaskProcess, decision: FailureDecision | None = None) -> None:
+    def _fail(self, proc: TaskProcess, decision: FailureDecision | None = None, config_error: bool = False) -> None:
         what = proc.describe_exit()
         why = f" ({decision.reason})" if decision is not None else ""
+        if config_error:
+            why = (f" (exit code {exit_status.EXIT_CONFIG_ERROR}: its script or config raised a ConfigError, which "
+                   "fails the same way every time, so it is not restarted; fix what its last lines name and launch "
+                   "again)")
         tail = "\n".join("    " + line for line in list(proc.tail)[-15:])
         others = [k for k, p in self.tasks.items() if p.running]
         self.stop()
-        raise LaunchError(
+        error = TaskConfigError if config_error else LaunchError
+        raise error(
             f"Task {what}{why}; stopped the other tasks ({', '.join(others) or 'none running'}).\n"
             f"  Last lines of {proc.task}:\n{tail}\n  Full log: {proc.log_path}"
         )

@@ -42,6 +42,8 @@ import sys
 import threading
 from typing import Mapping, Sequence
 
+from tfdist import exit_status
+
 __all__ = ["fast_start_enabled", "Zygote", "ForkedProcess", "zygote", "can_fork"]
 
 logger = logging.getLogger(__name__)
@@ -459,18 +461,21 @@ def _child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: int) 
             runpy.run_path(name, run_name="__main__")
     except SystemExit as e:
         code = e.code
-    except KeyboardInterrupt:  # as CPython ends on an unhandled SIGINT: killed by it (exit code -2)
+        exit_status.record_exit(code)
+    except KeyboardInterrupt as e:  # as CPython ends on an unhandled SIGINT: killed by it (exit code -2)
         import traceback
 
         traceback.print_exc()
         sys.stderr.flush()
+        exit_status.record_exit(exit_status.EXIT_SIGINT, e)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
         code = 130
-    except BaseException:
+    except BaseException as e:  # as CPython: the traceback, exit 1 (a ConfigError: its own code, never restarted)
         import traceback
 
         traceback.print_exc()
-        code = 1
+        code = exit_status.exit_code_for(e)
+        exit_status.record_exit(code, e)
     # A normal interpreter exit from here: atexit handlers (a worker's Done), thread joins, flushes.
     raise SystemExit(code)

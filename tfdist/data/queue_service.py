@@ -421,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         token = os.environ.get(constants.ENV_TOKEN)
+        if not token and os.environ.get(constants.ENV_CONFIG):  # a pod's mounted token (security.token_file)
+            from tfdist.config import JobConfig
+
+            token = JobConfig.from_json(os.environ[constants.ENV_CONFIG]).security.resolve_token()
         if not token and not args.no_auth:
             raise ConfigError(
                 f"No job token: set {constants.ENV_TOKEN} (the same value on every task), "

@@ -5,8 +5,10 @@ Without arguments the task and cluster come from ``TFDIST_CONFIG`` and
 :func:`tfdist.cluster.resolve_cluster` (``TF_CONFIG``'s cluster and task win
 over ``--config``'s; ``--config`` alone serves ``ps:0``); the token from
 ``TFDIST_TOKEN``.
-The process stops when every training worker has said it is done, on a
-``Shutdown`` call, or on SIGTERM/SIGINT.
+The process stops when every training worker has said it is done or on a
+``Shutdown`` call (exit 0), or on SIGTERM/SIGINT (exit 143/130: the job is
+not over, and a supervisor starts the task again); a bad config exits 78
+(:data:`tfdist.exit_status.EXIT_CONFIG_ERROR`, never restarted).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import signal
 import sys
 
-from tfdist import constants
+from tfdist import constants, exit_status
 from tfdist.cluster.resolver import resolve_cluster
 from tfdist.config import JobConfig, TaskSpec
 from tfdist.errors import ConfigError, TfdistError
@@ -42,6 +44,7 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
             f"No job token for {task}: set the environment variable {config.security.token_env} "
             "(the same value on every task) or security.token. tfdist.launch sets it for local jobs."
         )
+    config.ps.check_checkpoint_dir()  # a file there: a ConfigError now, not a failure at every checkpoint
     creds = None
     if config.security.tls_cert:
         config.security.check_tls_files(job="ps")  # a missing or non-PEM file: a ConfigError naming it
@@ -71,17 +74,27 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
 
 
 def serve(config: JobConfig, task: TaskSpec, port: int | None = None) -> int:
-    """Serves until done; returns the process exit code."""
+    """Serves until done; returns the process exit code.
+
+    Returns:
+        0 when the task stopped because the job ended (every worker said
+        ``Done``, or ``Shutdown``); 128 + the signal number (143, 130) when
+        SIGTERM or SIGINT stopped it (its checkpoint written): the job is not
+        over, so a supervisor (the launcher's ``launch.restart_ps``, a
+        Kubernetes ``OnFailure`` policy) starts it again as it would a killed task.
+    """
     server = build_server(config, task, port=port).start()
+    stopped_by: list[int] = []
 
     def _stop(signum, frame):
         logger.info("ps:%d got signal %d; stopping", task.index, signum)
+        stopped_by.append(signum)
         server.stop(0.5)
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     server.wait()
-    return 0
+    return 128 + stopped_by[0] if stopped_by else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         if resolved.task is None:  # --config without --task or TF_CONFIG: this process is ps:0
             resolved = resolve_cluster(task="ps:0", config=resolved.config)
         return serve(resolved.config, resolved.task, port=args.port)
-    except TfdistError as e:
+    except TfdistError as e:  # a bad config or cluster: the same every time, so nothing restarts the task
         logger.error("%s", e)
-        return 2
+        return exit_status.EXIT_CONFIG_ERROR
 
 
 if __name__ == "__main__":

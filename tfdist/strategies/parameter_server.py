@@ -31,7 +31,7 @@ import secrets
 import sys
 from typing import Any, Callable, Iterator, Mapping
 
-from tfdist import constants
+from tfdist import constants, exit_status
 from tfdist._tf_compat import StrategyBase
 from tfdist.cluster.resolver import resolve_cluster
 from tfdist.config import ClusterConfig, JobConfig, TaskSpec
@@ -422,20 +422,33 @@ class ParameterServerStrategy(StrategyBase):
         in_cluster = self._local_server is None
         if not in_cluster:  # nothing reads an in-process PS after exit: do not send it the held steps
             self._runtime.close(done=False, flush=False)
-        self.shutdown()
+        failed = exit_status.ended_with_error()
+        if failed and in_cluster and self._runtime.worker_id >= 0:
+            # A script that died has not finished its work: a Done would let the PS tasks end the job (they
+            # stop once every worker is done) while a supervisor restarts this task against nothing.
+            logger.warning("worker %d: the script ended with an error; not telling the parameter servers it is "
+                           "done (they keep serving, so this task can be started again)", self._runtime.worker_id)
+        self.shutdown(done=not failed)
         if in_cluster and self._task_process:
             _arm_exit_watchdog()
 
-    def shutdown(self) -> None:
+    def shutdown(self, done: bool = True) -> None:
         """Tells the PS this worker is done and closes connections (idempotent).
 
         Called automatically at interpreter exit (the ``Done`` message needs
-        no thread pool, so it goes out then too). A parameter-server task
-        exits once every training worker is done; an evaluator's shutdown
-        sends nothing.
+        no thread pool, so it goes out then too), with ``done=False`` when the
+        script ended with an uncaught exception (:mod:`tfdist.exit_status`).
+        A parameter-server task exits once every training worker is done; an
+        evaluator's shutdown sends nothing.
+
+        Args:
+            done: Say ``Done`` to the parameter servers. Defaults to ``True``.
+                Pass ``False`` before a script exits with an error code
+                (``sys.exit(1)``), which no exit hook can see: the PS tasks
+                then keep serving for a restarted task.
         """
         # An in-process PS needs no "done" message (and may already be gone).
-        self._runtime.close(done=self._local_server is None)
+        self._runtime.close(done=done and self._local_server is None)
         if self._local_server is not None:
             self._local_server.stop(0)
             self._local_server = None

@@ -1,0 +1,59 @@
+"""How a script ended, as an exit hook sees it (tfdist.exit_status): fresh interpreters, no sockets, no TensorFlow."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tfdist import exit_status
+
+_SCRIPT = textwrap.dedent("""
+    import atexit, sys
+    import tfdist
+    from tfdist import exit_status
+    atexit.register(lambda: print("ended_with_error", exit_status.ended_with_error(), file=sys.stderr))
+    {body}
+""")
+
+
+def _run(body):
+    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(body=body)], capture_output=True, text=True, timeout=60)
+    return r.returncode, r.stderr
+
+
+@pytest.mark.parametrize("body, code, failed", [
+    ("pass", 0, False),
+    ("sys.exit(0)", 0, False),
+    ("raise RuntimeError('boom')", 1, True),
+    ("raise KeyboardInterrupt", -2, True),  # as CPython: killed by SIGINT
+    ("from tfdist.errors import ConfigError; raise ConfigError('bad field')", exit_status.EXIT_CONFIG_ERROR, True),
+])
+def test_exit_hooks_see_whether_the_script_failed(body, code, failed):
+    returncode, stderr = _run(body)
+    assert returncode == code, stderr
+    assert f"ended_with_error {failed}" in stderr, stderr
+
+
+def test_a_config_error_keeps_its_traceback_and_exits_78():
+    returncode, stderr = _run("from tfdist.errors import ConfigError; raise ConfigError('Invalid config field `x`.')")
+    assert returncode == 78
+    assert "tfdist.errors.ConfigError: Invalid config field `x`." in stderr
+
+
+def test_a_users_excepthook_still_runs():
+    body = ("sys.excepthook = (lambda prev: lambda *a: (print('user hook', file=sys.stderr), prev(*a)))"
+            "(sys.excepthook)\nraise RuntimeError('x')")
+    returncode, stderr = _run(body)
+    assert returncode == 1 and "user hook" in stderr and "ended_with_error True" in stderr, stderr
+
+
+@pytest.mark.parametrize("exc, code", [(SystemExit(0), 0), (SystemExit(None), 0), (SystemExit(4), 4),
+                                       (SystemExit("message"), 1), (RuntimeError(), 1)])
+def test_exit_code_for(exc, code):
+    assert exit_status.exit_code_for(exc) == code
+
+
+def test_only_the_config_exit_code_is_deterministic():
+    assert exit_status.is_deterministic_failure(exit_status.EXIT_CONFIG_ERROR)
+    assert not any(exit_status.is_deterministic_failure(c) for c in (None, 0, 1, 2, 130, 137, 143, -9))
