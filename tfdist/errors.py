@@ -13,6 +13,7 @@ __all__ = [
     "PSUnavailableError",
     "PSRejectedError",
     "PSWaitTimeoutError",
+    "JobMismatchError",
     "AuthError",
     "WireFormatError",
     "PlacementError",
@@ -64,6 +65,15 @@ class PSRejectedError(PSError):
     """A parameter server refused a request (bad variable, dtype, shape, ...).
 
     The server's values are unchanged when this is raised.
+    """
+
+
+class JobMismatchError(PSRejectedError, ConfigError):
+    """A worker cannot join its job: its model, tables, consistency settings or worker count differ.
+
+    The parameter servers refused its ``Init``/``WaitInit``. Starting it again
+    cannot help (a :class:`ConfigError`: the task exits with the config-error
+    code and the launcher stops the job instead of training on without it).
     """
 
 

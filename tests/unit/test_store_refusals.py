@@ -320,3 +320,21 @@ def test_a_restarted_worker_counts_on_from_the_jobs_epoch():
 
 def test_epoch_logs_are_refused_on_an_update_path_job():
     refused(make(AsyncPolicy()), "EpochLogs", code="FAILED_PRECONDITION", worker=0, epoch=0, logs={"loss": 1.0})
+
+
+def test_a_worker_whose_model_differs_fails_as_a_config_error_so_the_job_stops():
+    """Refused at WaitInit, the worker used to exit 1 and an async job trained on without it; a ConfigError exits
+    with the config-error code, which the launcher never restarts nor leaves out (it stops the job)."""
+    from tfdist.errors import ConfigError, JobMismatchError
+    from tfdist.ps.client import PSClient
+    from tfdist.ps.protocol import WaitInitRequest
+    from tfdist.ps.server import PSServer
+
+    with PSServer(AsyncPolicy(), num_workers=2, tune_malloc=False) as server:
+        with PSClient([server.address], None, tune_malloc=False) as client:
+            ParameterService(server.store).call("Init", values(), worker=0, specs=SPEC_DICTS, num_workers=2)
+            other = (VariableSpec("a", "float32", (2, 3)), SPECS[1])
+            with pytest.raises(JobMismatchError, match="cannot join the job.*same script") as e:
+                client.request(0, WaitInitRequest(1, 1.0, other))
+            assert isinstance(e.value, ConfigError)
+            assert client.request(0, WaitInitRequest(1, 1.0, tuple(SPECS))).initialized

@@ -23,7 +23,7 @@ import numpy as np
 
 from tfdist import constants
 from tfdist.auth import token_metadata
-from tfdist.errors import AuthError, PSRejectedError, PSUnavailableError, PSWaitTimeoutError
+from tfdist.errors import AuthError, JobMismatchError, PSRejectedError, PSUnavailableError, PSWaitTimeoutError
 from tfdist import wire
 from tfdist.ps import memory
 from tfdist.ps.protocol import METHODS as _METHODS
@@ -204,6 +204,10 @@ class PSClient:
                 f"{method} to {where}: {details}. A message is larger than ps.max_message_bytes allows: raise it "
                 "(every task reads it from the job's config), split large variables over the PS tasks "
                 "(ps.partition_threshold_bytes), or keep a large embedding on the PS (tfdist.layers.ShardedEmbedding).")
+        if code == grpc.StatusCode.FAILED_PRECONDITION and method in ("Init", "WaitInit"):
+            return JobMismatchError(
+                f"This worker cannot join the job: {details} ({where}). Every task must run the same script with "
+                "the same config; fix the difference and start the job again.")
         if code == grpc.StatusCode.ABORTED:  # the server's own bound on a policy wait: the PS is fine
             return PSWaitTimeoutError(f"{details} ({where})")
         if code in _UNAVAILABLE:
