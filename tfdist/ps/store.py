@@ -1,8 +1,8 @@
 """The parameter store of one PS task: the requests' order of checks and changes, over its components.
 
-No sockets here: the gRPC server (``tfdist.ps.server``) parses every request
-into a typed request of :mod:`tfdist.ps.protocol` and calls these methods,
-which makes the store testable in-process. Every method checks the whole
+No sockets here: the server (``tfdist.ps.server``) parses every request into
+a typed request (:mod:`tfdist.ps.protocol`) and calls these methods, which
+return typed replies (:mod:`tfdist.ps.replies`). Every method checks the whole
 request against the store's state first (initialised, a worker of the job,
 known variables, dtypes and shapes, finite values and sums, the exchange
 path) and only then changes anything, under one lock: a refused request
@@ -19,9 +19,12 @@ The store is components, each the one owner of its facts (docs/architecture.md):
 * :class:`~tfdist.ps._membership.Membership` — liveness, membership, the
   job's batch counters and the elastic engine's controls;
 * :class:`~tfdist.ps._waits.BoundedWaits` — every wait and its bounds;
-* the consistency policy (clocks, the barrier's size), chosen by the chief.
+* the consistency policy (clocks, the barrier's size), chosen by the chief;
+* :class:`~tfdist.ps._epoch_logs.EpochLogBarrier` — the job's epoch logs (gradient path).
 
-Each lists its fields once (:mod:`tfdist.ps._schema`); ``state()``,
+The gradient path's requests and the tables' requests are slices of this
+class in their own modules (``_gradient_requests``, ``_table_requests``).
+Each component lists its fields once (:mod:`tfdist.ps._schema`); ``state()``,
 checkpoint capture and ``status()`` are derived from those lists, and
 :meth:`ParameterStore.restore` parses and validates a whole checkpoint
 before it assigns anything (see :mod:`tfdist.ps._shard_state`).
@@ -39,43 +42,31 @@ import numpy as np
 
 from tfdist import constants
 from tfdist.consistency import policy_from_spec
-from tfdist.consistency.base import ConsistencyPolicy, GradientAction, PolicyContext, PushAction
+from tfdist.consistency.base import ConsistencyPolicy, PolicyContext, PushAction
 from tfdist.ps import _shard_state
 from tfdist.ps._barrier import AGGREGATE_HISTORY, GradientBarrier
 from tfdist.ps._epoch_logs import EpochLogBarrier
+from tfdist.ps._gradient_requests import GradientPathRequests
 from tfdist.ps._membership import Membership
+from tfdist.ps._table_requests import TableRequests
 from tfdist.ps._table_shards import TableShards
 from tfdist.ps._variables import DenseVariables, all_finite
 from tfdist.ps._waits import WAIT_TIMEOUT_CODE, BoundedWaits, Cancelled, StoreError, Wait, never
-from tfdist.ps.placement import VariableSpec
 from tfdist.ps.replies import (
     ControlReply,
-    EpochLogsReply,
-    GradientsReply,
     InitReply,
-    LookupReply,
     PullReply,
     PushPullReply,
     PushReply,
-    PushRowsReply,
-    PutStateReply,
     WaitInitReply,
-    WriteRowsReply,
 )
 from tfdist.ps.protocol import (
     ControlRequest,
-    EpochLogsRequest,
     InitRequest,
-    LookupRequest,
     PullRequest,
-    PushGradientsRequest,
     PushPullRequest,
     PushRequest,
-    PushRowsRequest,
-    PutStateRequest,
     WaitInitRequest,
-    WriteRowsRequest,
-    short,
 )
 
 __all__ = ["ParameterStore", "StoreError", "all_finite", "AGGREGATE_HISTORY", "WAIT_TIMEOUT_CODE"]
@@ -83,7 +74,7 @@ __all__ = ["ParameterStore", "StoreError", "all_finite", "AGGREGATE_HISTORY", "W
 logger = logging.getLogger(__name__)
 
 
-class ParameterStore:
+class ParameterStore(GradientPathRequests, TableRequests):
     """Variables owned by one PS task, guarded by one condition variable.
 
     Args:
@@ -106,12 +97,8 @@ class ParameterStore:
         max_reply_bytes: Largest reply a lookup may need (the message limit);
             ``None``: unchecked.
 
-    Elastic membership: a worker is *live* while it heart-beats; a worker
-    heard from for the first time (or again after it left) is announced to
-    the policy (``on_join``); a worker leaves by ``Done`` (graceful) or by
-    silence (crash). :meth:`control` marks workers to *drain* (their replies
-    say ``leave``) and sets the job's total work (replies say ``job_done``
-    once that many batches are applied).
+    Liveness and elastic membership (joins, ``Done``, silence, drains, the
+    job's total work): :class:`~tfdist.ps._membership.Membership`.
     """
 
     def __init__(
@@ -133,7 +120,8 @@ class ParameterStore:
         self.max_reply_bytes = max_reply_bytes
         self.waits = BoundedWaits(self._cond, time_fn, max_wait_s,
                                   max_waiters if max_waiters is not None else (num_workers or 12) + 4,
-                                  max_updates_per_s, on_waited_read=self._count_waited_read)
+                                  max_updates_per_s, on_waited_read=lambda: self.stats.__setitem__(
+                                      "waits", self.stats["waits"] + 1))  # reads that had to wait
         self.members = Membership(num_workers, starting_workers, heartbeat_timeout_s, startup_grace_s, time_fn)
         self.variables = DenseVariables()
         self.barrier = GradientBarrier()
@@ -150,11 +138,9 @@ class ParameterStore:
         self._captured: list[tuple[int, dict[str, Any], dict[str, np.ndarray]]] = []
         #: Gradient path: state steps at which to capture a snapshot (the chief's time-based checkpoints).
         self._capture_at: set[int] = set()
-        self.stats = {
-            "pushes": 0, "pulls": 0, "dropped": 0, "bytes_in": 0, "bytes_out": 0,
-            "waits": 0, "aggregations": 0, "gradients_aggregated": 0, "state_writes": 0, "row_pushes": 0,
-            "row_writes": 0, "set_excluded": 0,
-        }
+        self.stats = dict.fromkeys(("pushes", "pulls", "dropped", "bytes_in", "bytes_out", "waits", "aggregations",
+                                    "gradients_aggregated", "state_writes", "row_pushes", "row_writes",
+                                    "set_excluded"), 0)
 
     # ------------------------------------------------------ facts, read by callers (each has one owner)
     initialized = property(lambda self: self.variables.initialized)
@@ -171,9 +157,6 @@ class ParameterStore:
     job_done = property(lambda self: self.members.job_done)
     max_wait_s = property(lambda self: self.waits.max_wait_s)
     _waiters = property(lambda self: self.waits.waiters)
-
-    def _count_waited_read(self) -> None:
-        self.stats["waits"] += 1  # reads that had to wait (counted once they may go on)
 
     def _ctx(self) -> PolicyContext:
         return self.members.context()
@@ -291,10 +274,6 @@ class ParameterStore:
             if req.worker is not None:
                 self.members.readmit(req.worker)
             return WaitInitReply(True, self.version, self.global_step, self.incarnation, self.state_step)
-
-    def specs(self) -> list[VariableSpec]:
-        with self._cond:
-            return list(self.variables.specs.values())
 
     def _check_same_policy(self, spec: dict | None) -> None:
         if spec is not None and self.policy is not None and spec != self.policy.spec():
@@ -462,200 +441,6 @@ class ParameterStore:
         decision = self.policy.on_pull(worker, clock, self._ctx())
         return Wait(decision.wait, decision.reason)
 
-    # --------------------------------------------------------- gradient path
-    def push_gradients(self, req: PushGradientsRequest, timeout: float | None = None,
-                       cancelled: Cancelled = never) -> GradientsReply:
-        """Contributes gradients to global step ``req.step``; returns that step's aggregate.
-
-        Blocks (bounded) until the step is complete. A gradient for a step
-        that is already complete is dropped; its sender still gets the
-        step's aggregate if it is in the recent history, otherwise
-        ``resync=True`` (it must reload the state snapshot). A gradient for a
-        future step, or a second one from the same worker, is refused.
-
-        Returns:
-            The step's aggregate as the reply's values; ``dropped``,
-            ``resync``, ``global_step``, ``waited`` (the step was not complete
-            when this gradient arrived: the worker waited for others),
-            ``write_state`` (this worker completed the step and should upload
-            the state after applying it).
-        """
-        worker, step = req.worker, req.step
-        self.variables.check_finite(req.grads, worker, "gradient")
-        with self._cond:
-            self._check_worker_request(worker, req.incarnation, "gradient")
-            self.variables.check_tensors(req.grads, trainable_only=True)
-            self.waits.admit(timeout, cancelled)
-            decision = self.policy.on_gradient(worker, step, self.global_step,
-                                               frozenset(self.barrier.contributors), self._ctx())
-            if decision.action in (GradientAction.FUTURE, GradientAction.DUPLICATE):
-                raise StoreError(f"Gradient refused: {decision.reason}.", grpc_code="FAILED_PRECONDITION")
-            self._touch(worker)
-            dropped = decision.action is GradientAction.STALE
-            waited = False
-            self.members.count_batch(worker)
-            if dropped:
-                self.stats["dropped"] += 1
-            else:
-                self.stats["bytes_in"] += self.barrier.contribute(worker, req.grads)
-                self._maybe_complete(worker)
-                waited = self.global_step <= step
-                if waited:
-                    self.stats["waits"] += 1
-                # A contributor's wait is not counted against max_waiters: at most one per worker.
-                # If it runs out, the gradient still counts towards the step (the error says so).
-                self.waits.wait_for(lambda: self._step_wait(step), timeout,
-                                    f"complete step {step} (this worker's gradient is counted)", cancelled,
-                                    counted=False)
-            common = dict(dropped=dropped, global_step=self.global_step, step=step, reason=decision.reason or None,
-                          waited=not dropped and waited, **self._reply_fields(worker))
-            if step not in self.barrier.history:
-                return GradientsReply(resync=True, write_state=False, **common)
-            aggregate, closer = self.barrier.history[step]
-            self.stats["bytes_out"] += sum(a.nbytes for a in aggregate.values())
-            return GradientsReply(resync=False, write_state=closer == worker and not dropped, values=aggregate,
-                                  **common)
-
-    def _step_wait(self, step: int):
-        if self.global_step <= step:
-            self._maybe_complete(None)  # the live set may have shrunk
-        return self.barrier.step_wait(step, self._ctx().awaited)
-
-    def _maybe_complete(self, closer: int | None) -> None:
-        aggregated = self.barrier.complete_if_ready(self.policy, self._ctx(), closer, self._apply_step_rows)
-        if not aggregated:
-            return
-        self.stats["aggregations"] += 1
-        self.stats["gradients_aggregated"] += aggregated
-        self.members.add_progress(aggregated)
-        self.policy.on_step_boundary(self._ctx())
-        self._cond.notify_all()
-
-    def epoch_logs(self, req: EpochLogsRequest, timeout: float | None = None,
-                   cancelled: Cancelled = never) -> EpochLogsReply:
-        """A worker's logs at the end of an epoch; answers with the job's (gradient path, see ``_epoch_logs``).
-
-        Waits (bounded) until every live worker reported the epoch. If the
-        wait runs out, the report still counts (the error says so).
-        """
-        with self._cond:
-            self._check_worker_request(req.worker, None, "gradient")
-            self._touch(req.worker)
-            epoch = self.epoch_logs_barrier.report(req.worker, req.epoch, req.logs)
-            self._cond.notify_all()
-            self.waits.wait_for(lambda: self.epoch_logs_barrier.decide(epoch, self._ctx().awaited), timeout,
-                                f"share epoch {epoch}'s logs (this worker's logs are counted)", cancelled,
-                                counted=False)
-            logs, workers = self.epoch_logs_barrier.answer(epoch)
-            return EpochLogsReply(dict(logs), workers, epoch)
-
-    def _apply_step_rows(self, key: str, rows: np.ndarray, grads: np.ndarray, lr: float | None) -> None:
-        self.table_shards.tables[key].apply(rows, grads, lr)
-
-    def put_state(self, req: PutStateRequest) -> PutStateReply:
-        """Replaces the state snapshot with the one a worker had after ``req.step`` steps (gradient path).
-
-        Older snapshots than the stored one are ignored (``stored: False``).
-        """
-        self.variables.check_finite(req.tensors, req.worker, "state value")
-        with self._cond:
-            self._check_worker_request(req.worker, req.incarnation, "gradient")
-            self.variables.check_tensors(req.tensors)
-            self._touch(req.worker)
-            if req.step <= self.state_step and self.state_step > 0:
-                return PutStateReply(False, self.state_step)
-            self.variables.write(req.tensors)
-            previous = self.state_step
-            self.barrier.store_state(req.step)
-            self.stats["state_writes"] += 1
-            self._maybe_capture(previous)
-            self._cond.notify_all()
-            return PutStateReply(True, self.state_step)
-
-    # ------------------------------------------------------------ tables
-    def lookup(self, req: LookupRequest, consumer: Callable[[LookupReply], Any],
-               timeout: float | None = None, cancelled: Cancelled = never) -> Any:
-        """Calls ``consumer(reply)`` (rows as ``values``, ``values.<i>``) once they may be read (update path: SSP's
-        rule).
-
-        Every table the request names (``key`` and ``also``) is checked before any is read.
-        """
-        with self._cond:
-            self._require_initialized()
-            if req.worker >= 0:
-                self.members.check_member(req.worker)
-            tables = [self.table_shards.get(key) for key in (req.key, *req.also)]
-            for table in tables:
-                self.table_shards.check_rows(table, req.rows)
-            self.table_shards.check_reply_size(tables, req.rows, self.max_reply_bytes)
-            if self.policy.path == "update" and req.worker >= 0 and req.clock is not None:
-                self._read_wait(req.worker, req.clock, timeout, cancelled)
-            self._touch(req.worker)
-            values = {LookupRequest.values_name(i): table.lookup(req.rows) for i, table in enumerate(tables)}
-            self.stats["pulls"] += 1
-            self.stats["bytes_out"] += sum(v.nbytes for v in values.values())
-            return consumer(LookupReply(self.version, self.incarnation, values))
-
-    def push_rows(self, req: PushRowsRequest) -> PushRowsReply:
-        """Row gradients (of every table the request names): applied now (update path) or counted towards
-        ``req.step`` (gradient path). Every table's part is checked before any is applied."""
-        parts = req.tables()
-        for key, grads in parts:
-            self._check_row_array(req, grads, "Row gradients of", "row gradient", key)
-        with self._cond:
-            tables = [self._row_request_table(req, grads, "Row gradients of", key) for key, grads in parts]
-            if self.policy.path == "gradient":
-                if req.step is None:
-                    raise StoreError("PushRows on the gradient path names the global step (`step`).")
-                if req.step > self.global_step:
-                    raise StoreError(f"Row gradients for step {req.step} refused: the job is at step "
-                                     f"{self.global_step}.", grpc_code="FAILED_PRECONDITION")
-                self._touch(req.worker)
-                if req.step < self.global_step:  # that step is over: dropped, like a stale dense gradient
-                    self.stats["dropped"] += 1
-                    return PushRowsReply(False, True)
-                self.barrier.add_rows(req.worker, parts, req.rows, req.learning_rate)
-                return PushRowsReply(False, False)
-            self.table_shards.apply(tables, req.rows, [g for _, g in parts], req.learning_rate, self.nonfinite,
-                                    req.worker)
-            self._touch(req.worker)
-            self.stats["bytes_in"] += sum(g.nbytes for _, g in parts) + req.rows.nbytes
-            self.stats["row_pushes"] += len(parts)
-            return PushRowsReply(True, False)
-
-    def _check_row_array(self, req, array: np.ndarray, what: str, finite_what: str, key: str | None = None) -> None:
-        """A row request's array (before the lock: it reads only the array): float32, finite per policy."""
-        key = req.key if key is None else key
-        if array.dtype != np.float32:
-            raise StoreError(f"{what} {short(key)} must be float32. Received: {array.dtype.name}.")
-        self.variables.check_finite({key: array}, req.worker, finite_what)
-
-    def _row_request_table(self, req, array: np.ndarray, what: str, key: str | None = None):
-        """The table (``key``, default the request's) a row request names, once the request fits it (lock held)."""
-        key = req.key if key is None else key
-        self._check_worker_request(req.worker, req.incarnation)
-        table = self.table_shards.get(key)
-        if array.shape[1] != table.spec.dim:
-            raise StoreError(f"{what} {short(key)} are {array.shape[1]} wide; its rows are {table.spec.dim}.")
-        self.table_shards.check_rows(table, req.rows)
-        return table
-
-    def write_rows(self, req: WriteRowsRequest) -> WriteRowsReply:
-        """Sets rows of a table (a worker loading weights into it), all or nothing."""
-        self._check_row_array(req, req.values, "Rows written to", "row value")
-        with self._cond:
-            table = self._row_request_table(req, req.values, "Rows written to")
-            self._touch(req.worker)
-            table.write(req.rows, req.values)
-            self.stats["bytes_in"] += req.values.nbytes + req.rows.nbytes
-            self.stats["row_writes"] += 1
-            return WriteRowsReply(int(len(req.rows)))
-
-    def table_arrays(self) -> dict[str, np.ndarray]:
-        """Every table's values and slots, keyed ``table/<key>/<array>`` (copies: checkpoints, status)."""
-        with self._cond:
-            return self.table_shards.arrays()
-
     # ------------------------------------------------------------ membership
     def close(self) -> None:
         """Releases every waiting call (they fail with ``UNAVAILABLE``); the store serves nothing after."""
@@ -769,20 +554,6 @@ class ParameterStore:
         if (k and step // k > previous_step // k) or step in self._capture_at:
             self._captured.append(_shard_state.capture(self))
         self._capture_at = {s for s in self._capture_at if s > step}
-
-    def capture_at(self, worker: int, step: int) -> bool:
-        """Gradient path: capture a snapshot when the state reaches ``step``; False if it is already past it."""
-        with self._cond:
-            self.members.check_member(worker)
-            self._require_initialized()
-            self._require_path("gradient")
-            if self.state_step > step:
-                return False
-            if self.state_step == step:
-                self._captured.append(_shard_state.capture(self))
-            else:
-                self._capture_at.add(step)
-            return True
 
     @property
     def capture_pending(self) -> bool:
