@@ -258,13 +258,16 @@ class StrategyConfig:
             ``staleness``) or ``"dtssp"`` (SSP whose bound moves within
             ``[min_staleness, max_staleness]`` by learning progress).
             Defaults to ``"async"``.
-        staleness: SSP bound ``s``. Defaults to 3.
+        staleness: SSP bound ``s``. Defaults to ``None``: the mode's (3).
         replicas_to_aggregate: SyncReplicas ``M``. Defaults to ``None``
             (all workers).
-        min_staleness: DTSSP lower bound (and start). Defaults to 3.
-        max_staleness: DTSSP upper bound. Defaults to 10.
-        window: DTSSP loss window in global clocks. Defaults to 10.
-        delta: DTSSP dead band of the learning-progress ratio. Defaults to 0.01.
+        min_staleness: DTSSP lower bound (and start). Defaults to ``None``: the mode's (3).
+        max_staleness: DTSSP upper bound. Defaults to ``None``: the mode's (10).
+        window: DTSSP loss window in global clocks. Defaults to ``None``: the mode's (10).
+        delta: DTSSP dead band of the learning-progress ratio. Defaults to ``None``: the mode's (0.01).
+
+    The modes and their parameters' defaults are the registered descriptors'
+    (:mod:`tfdist.consistency.modes`); a field left ``None`` takes the mode's.
         overlap_exchange: Async (ASP) only: send each step's update and pull
             fresh values in the background while the next step computes on
             the local values; the fresh values are folded in when they arrive
@@ -292,12 +295,12 @@ class StrategyConfig:
     """
 
     consistency: str = "async"
-    staleness: int = 3
+    staleness: int | None = None
     replicas_to_aggregate: int | None = None
-    min_staleness: int = 3
-    max_staleness: int = 10
-    window: int = 10
-    delta: float = 0.01
+    min_staleness: int | None = None
+    max_staleness: int | None = None
+    window: int | None = None
+    delta: float | None = None
     overlap_exchange: bool = True
     exchange_every: int = 1
     lone_worker_exchange_s: float = 0.1
@@ -306,49 +309,58 @@ class StrategyConfig:
         _check_number("strategy.lone_worker_exchange_s", self.lone_worker_exchange_s, 0, MAX_SECONDS)
         if not isinstance(self.overlap_exchange, bool):
             raise _fail("strategy.overlap_exchange", self.overlap_exchange, "Give true or false.")
-        allowed = ("async", "bsp", "sync_replicas", "ssp", "dtssp")
-        if self.consistency not in allowed:
-            raise _fail("strategy.consistency", self.consistency, f"Use one of {list(allowed)}.")
+        from tfdist.consistency import MODES
+
+        if not isinstance(self.consistency, str) or self.consistency not in MODES:
+            raise _fail("strategy.consistency", self.consistency, f"Use one of {list(MODES)}.")
+        mode = MODES[self.consistency]
         k = self.exchange_every
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise _fail("strategy.exchange_every", k, "Give an integer >= 1 (steps per exchange with the PS).")
-        if k > 1 and self.consistency != "async":
+        if k > 1 and not mode.local_steps:
+            local = [name for name, m in MODES.items() if m.local_steps]
             raise _fail("strategy.exchange_every", k,
-                        f"Only consistency: async can exchange less often than every step; {self.consistency!r} "
-                        "counts or aggregates every step. Use 1, or consistency: async.")
+                        f"Only consistency {local} can exchange less often than every step; {self.consistency!r} "
+                        f"counts or aggregates every step. Use 1, or consistency: {local[0]}.")
         for name in ("staleness", "min_staleness", "max_staleness"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise _fail(f"strategy.{name}", v, "Give an integer >= 0.")
-        if self.min_staleness > self.max_staleness:
-            raise _fail("strategy.min_staleness", self.min_staleness,
-                        f"It must not exceed strategy.max_staleness ({self.max_staleness}).")
+        low, high = self._param("min_staleness"), self._param("max_staleness")
+        if low is not None and high is not None and low > high:
+            raise _fail("strategy.min_staleness", low, f"It must not exceed strategy.max_staleness ({high}).")
         if self.replicas_to_aggregate is not None and (
             isinstance(self.replicas_to_aggregate, bool) or not isinstance(self.replicas_to_aggregate, int)
             or self.replicas_to_aggregate < 1
         ):
             raise _fail("strategy.replicas_to_aggregate", self.replicas_to_aggregate,
                         "Give an integer >= 1, or null for all workers.")
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
+                                        or self.window < 1):
             raise _fail("strategy.window", self.window, "Give an integer >= 1 (global clocks per loss window).")
-        _check_number("strategy.delta", self.delta, low=0)
+        if self.delta is not None:
+            _check_number("strategy.delta", self.delta, low=0)
+
+    def _param(self, name: str) -> Any:
+        """A parameter of the chosen mode: this section's field, or the mode's default when it is ``None``."""
+        from tfdist.consistency import MODES
+
+        value = getattr(self, name, None)
+        if value is None:
+            value = MODES[self.consistency].params.get(name)
+        return value
 
     def policy_spec(self, num_workers: int) -> dict[str, Any]:
-        """The policy spec (see ``tfdist.consistency``) this section describes."""
-        from tfdist.consistency import POLICY_PARAMS, make_policy
+        """The policy spec (see ``tfdist.consistency``) this section describes, checked against the job's size."""
+        from tfdist.consistency import MODES
 
-        name = self.consistency
-        params = {p: getattr(self, p) for p in POLICY_PARAMS[name]}
+        mode = MODES[self.consistency]
+        params = {p: getattr(self, p) if getattr(self, p, None) is not None else default
+                  for p, default in mode.params.items()}
         if "replicas_to_aggregate" in params:
-            m = self.replicas_to_aggregate or num_workers
-            if m > num_workers:
-                raise _fail(
-                    "strategy.replicas_to_aggregate", m,
-                    f"The job has {num_workers} worker(s); aggregating more gradients than workers per step "
-                    "(accumulation across steps) is not supported. Use at most the number of workers.",
-                )
-            params["replicas_to_aggregate"] = m
-        return make_policy(name, num_workers, **params).spec()
+            params["replicas_to_aggregate"] = params["replicas_to_aggregate"] or num_workers
+        mode.check_workers(params, num_workers)
+        return mode.policy(params, num_workers).spec()
 
 
 @dataclass
@@ -1084,9 +1096,12 @@ class JobConfig:
 
     def _check_replicas_to_aggregate(self) -> None:
         """SyncReplicas cannot aggregate more gradients per step than the job has workers at its start."""
-        m = self.strategy.replicas_to_aggregate
+        from tfdist.consistency import MODES
+
         have = self.starting_workers
-        if self.strategy.consistency not in ("sync_replicas", "bsp") or m is None or m <= have:
+        m = MODES[self.strategy.consistency].aggregation_size(
+            {"replicas_to_aggregate": self.strategy.replicas_to_aggregate}, have)
+        if m is None or m <= have:
             return
         counted = (f"elastic.initial_workers={have}" if self.elastic.enabled
                    else f"{len(self.cluster.chief)} chief + {len(self.cluster.worker)} worker task(s)")

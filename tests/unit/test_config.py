@@ -158,7 +158,7 @@ def test_mode_configs_select_their_policy(name, expected):
 def test_more_replicas_to_aggregate_than_workers_is_refused():
     strategy = JobConfig.from_dict({"strategy": {"consistency": "sync_replicas"}}).strategy
     strategy.replicas_to_aggregate = 3
-    with pytest.raises(ConfigError, match="accumulation across steps"):
+    with pytest.raises(ConfigError, match="accumulating across steps"):
         strategy.policy_spec(2)
 
 

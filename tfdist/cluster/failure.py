@@ -37,10 +37,6 @@ from tfdist.config import JobConfig
 
 __all__ = ["FailureAction", "FailureDecision", "decide_worker_failure"]
 
-#: Modes whose barriers and bounds count only the live workers.
-_MODES_WITHOUT_QUORUM = ("async", "ssp", "dtssp", "bsp")
-
-
 class FailureAction(str, enum.Enum):
     """What to do about a worker that died."""
 
@@ -95,19 +91,15 @@ def decide_worker_failure(config: JobConfig, worker: int, failed: Iterable[int] 
     if not config.cluster.ps:
         return FailureDecision(FailureAction.STOP, f"the cluster has no parameter server (an all-reduce job: every "
                                                    f"collective needs every worker; {setting})")
-    mode = config.strategy.consistency
-    if mode in _MODES_WITHOUT_QUORUM:
-        why = "barriers shrink to the live workers" if mode == "bsp" else "the others do not wait for it"
-        return FailureDecision(FailureAction.CONTINUE, f"{setting}: consistency {mode} can do without it ({why})")
-    # sync_replicas: M gradients per step need M workers
+    from tfdist.consistency import MODES
+
+    mode = MODES[config.strategy.consistency]
     total = config.cluster.num_workers
-    m = config.strategy.replicas_to_aggregate or total
     remaining = total - len(set(failed) | {worker})
-    if remaining >= m:
-        return FailureDecision(FailureAction.CONTINUE,
-                               f"{setting}: {remaining} worker(s) remain for strategy.replicas_to_aggregate={m}")
+    ok, why = mode.can_lose({"replicas_to_aggregate": config.strategy.replicas_to_aggregate}, total, remaining)
+    if ok:
+        return FailureDecision(FailureAction.CONTINUE, f"{setting}: {why}")
     return FailureDecision(
         FailureAction.STOP,
-        f"only {remaining} worker(s) would remain, fewer than strategy.replicas_to_aggregate={m} gradients per "
-        f"step ({setting}; lower strategy.replicas_to_aggregate to keep going with fewer workers)",
+        f"{why} ({setting}; lower strategy.replicas_to_aggregate to keep going with fewer workers)",
     )

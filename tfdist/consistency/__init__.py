@@ -21,7 +21,9 @@ from tfdist.consistency.base import (
 )
 from tfdist.consistency.dtssp import DTSSPPolicy, StalenessChange, learning_progress_ratio, next_staleness
 from tfdist.consistency.ssp import AsyncPolicy, SSPPolicy, cache_is_fresh_enough
+from tfdist.consistency.modes import MODES, ConsistencyMode, mode_of, register_mode
 from tfdist.consistency.sync_replicas import BSPPolicy, SyncReplicasPolicy
+from tfdist.errors import ConfigError
 
 __all__ = [
     "ASP",
@@ -43,6 +45,10 @@ __all__ = [
     "StalenessChange",
     "SyncReplicasPolicy",
     "cache_is_fresh_enough",
+    "ConsistencyMode",
+    "MODES",
+    "mode_of",
+    "register_mode",
     "learning_progress_ratio",
     "make_policy",
     "POLICY_NAMES",
@@ -58,41 +64,48 @@ SyncReplicas = SyncReplicasPolicy
 BSP = BSPPolicy
 ASP = AsyncPolicy
 
-POLICY_NAMES = ("async", "bsp", "sync_replicas", "ssp", "dtssp")
+def _ssp(p, n):
+    s = p["staleness"]
+    return SSPPolicy(math.inf if s is None else int(s), bool(p.get("refresh_every_step", False)))
 
-#: The parameters each mode takes (the ``strategy:`` config fields that travel in its spec).
-POLICY_PARAMS = {
-    "async": (),
-    "ssp": ("staleness",),
-    "dtssp": ("min_staleness", "max_staleness", "window", "delta"),
-    "bsp": ("replicas_to_aggregate",),
-    "sync_replicas": ("replicas_to_aggregate",),
-}
+
+def _sync_replicas(p, n):
+    if p["replicas_to_aggregate"] is None:  # a spec names M (the config fills in every worker)
+        raise ValueError("replicas_to_aggregate is required")
+    m = int(p["replicas_to_aggregate"])
+    # M of N keeps its ratio as workers come and go; without a known N, M stays fixed.
+    return SyncReplicasPolicy(m, num_workers=int(n) if n and n >= m else None)
+
+
+#: The built-in modes (DESIGN.md §4): one descriptor each; see :mod:`tfdist.consistency.modes`.
+for _mode in (
+    ConsistencyMode("async", "update", {}, lambda p, n: AsyncPolicy(),
+                    "ASP: push every step, never wait; fresh values every step", local_steps=True),
+    ConsistencyMode("ssp", "update", {"staleness": 3}, _ssp, "SSP: a worker never runs more than s clocks ahead"),
+    ConsistencyMode("dtssp", "update", {"min_staleness": 3, "max_staleness": 10, "window": 10, "delta": 0.01},
+                    lambda p, n: DTSSPPolicy(int(p["min_staleness"]), int(p["max_staleness"]),
+                                             window=int(p["window"]), delta=float(p["delta"])),
+                    "DTSSP: SSP whose bound moves with learning progress"),
+    ConsistencyMode("bsp", "gradient", {"replicas_to_aggregate": None},
+                    lambda p, n: BSPPolicy(int(p["replicas_to_aggregate"] or n)),
+                    "BSP: every live worker's gradient, every step"),
+    ConsistencyMode("sync_replicas", "gradient", {"replicas_to_aggregate": None}, _sync_replicas,
+                    "SyncReplicas: the first M of N gradients of every step", needs_all_aggregated=True),
+):
+    register_mode(_mode)
+
+#: The built-in modes' names (every registered one: :func:`tfdist.consistency.modes.mode_names`).
+POLICY_NAMES = tuple(MODES)
+
+#: The parameters each built-in mode takes (the ``strategy:`` config fields that travel in its spec).
+POLICY_PARAMS = {name: tuple(mode.params) for name, mode in MODES.items()}
 
 
 def policy_from_spec(spec: Mapping[str, Any], num_workers: int = 1) -> ConsistencyPolicy:
-    """Builds a policy from its :meth:`~ConsistencyPolicy.spec` mapping."""
-    from tfdist.errors import ConfigError
-
-    name = spec.get("policy")
-    try:
-        if name == "async":
-            return AsyncPolicy()
-        if name == "ssp":
-            s = spec.get("staleness")
-            return SSPPolicy(math.inf if s is None else int(s), bool(spec.get("refresh_every_step", False)))
-        if name == "dtssp":
-            return DTSSPPolicy(int(spec.get("min_staleness", 3)), int(spec.get("max_staleness", 10)),
-                               window=int(spec.get("window", 10)), delta=float(spec.get("delta", 0.01)))
-        if name == "bsp":
-            return BSPPolicy(int(spec.get("replicas_to_aggregate") or num_workers))
-        if name == "sync_replicas":
-            m = int(spec["replicas_to_aggregate"])
-            # M of N keeps its ratio as workers come and go; without a known N, M stays fixed.
-            return SyncReplicasPolicy(m, num_workers=int(num_workers) if num_workers and num_workers >= m else None)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"Bad consistency settings {dict(spec)!r}: {e}") from e
-    raise ConfigError(f"Unknown consistency mode. Received: consistency={name!r}. Use one of {list(POLICY_NAMES)}.")
+    """Builds a policy from its :meth:`~ConsistencyPolicy.spec` mapping (through the mode's descriptor)."""
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"A consistency spec is a mapping with `policy`. Received: {spec!r}.")
+    return mode_of(spec.get("policy")).policy(spec, num_workers)
 
 
 def make_policy(name: str, num_workers: int = 1, **params) -> ConsistencyPolicy:

@@ -101,14 +101,20 @@ class ConsistencyPolicy:
 
     #: Name used in configs and logs.
     name = "base"
-    #: ``"update"`` or ``"gradient"``: which exchange path workers use.
-    path = "update"
     #: Update path: workers pull fresh values with every push (ASP) instead of
     #: only when the staleness bound needs them.
     refresh_every_step: bool = False
     #: Update path: the bound ``s`` on how far a worker may run ahead of the
     #: slowest (``math.inf``: never wait).
     staleness: float = math.inf
+
+    @property
+    def path(self) -> str:
+        """``"update"`` or ``"gradient"``: which exchange path workers use (the mode's descriptor says)."""
+        from tfdist.consistency.modes import MODES
+
+        mode = MODES.get(self.name)
+        return mode.path if mode is not None else "update"
 
     # ----------------------------------------------------------- update path
     def on_push(self, worker: int, clock: int, ctx: PolicyContext) -> PushDecision:

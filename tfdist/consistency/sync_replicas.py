@@ -41,7 +41,6 @@ class SyncReplicasPolicy(ConsistencyPolicy):
     """
 
     name = "sync_replicas"
-    path = "gradient"
 
     def __init__(self, replicas_to_aggregate: int, num_workers: int | None = None):
         if not isinstance(replicas_to_aggregate, int) or replicas_to_aggregate < 1:

@@ -41,7 +41,8 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from tfdist import constants
-from tfdist.consistency import policy_from_spec
+from tfdist.consistency import MODES, policy_from_spec
+from tfdist.errors import ConfigError
 from tfdist.consistency.base import ConsistencyPolicy, PolicyContext, PushAction
 from tfdist.ps import _shard_state
 from tfdist.ps._barrier import AGGREGATE_HISTORY, GradientBarrier
@@ -227,11 +228,13 @@ class ParameterStore(GradientPathRequests, TableRequests):
     def _check_aggregation(self, policy: ConsistencyPolicy, num_workers: int | None) -> None:
         """A gradient-path job cannot aggregate more gradients per step than it has workers."""
         n = num_workers or self.num_workers
-        if policy.path == "gradient" and n is not None and policy.aggregation_size() > n:
-            raise StoreError(
-                f"{policy.name} aggregates {policy.aggregation_size()} gradients per step, but the job has {n} "
-                "worker(s): no step could ever complete. Set strategy.replicas_to_aggregate to at most the "
-                "number of workers.", grpc_code="FAILED_PRECONDITION")
+        mode = MODES.get(policy.name)  # (a policy a test builds by hand may have no descriptor)
+        try:
+            if n is not None and mode is not None:
+                mode.check_workers(policy.spec(), n)
+        except ConfigError as e:
+            raise StoreError(f"{policy.name}: no step could ever complete. {e}", grpc_code="FAILED_PRECONDITION") \
+                from None
 
     def _reset(self, req: InitRequest) -> InitReply:
         """The chief replaces the values of an initialised store and restarts its step (lock held, checked)."""

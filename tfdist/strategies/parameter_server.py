@@ -35,7 +35,7 @@ from tfdist import constants, exit_status
 from tfdist._tf_compat import StrategyBase
 from tfdist.cluster.resolver import resolve_cluster
 from tfdist.config import ClusterConfig, JobConfig, TaskSpec
-from tfdist.consistency import ConsistencyPolicy, make_policy, policy_from_spec
+from tfdist.consistency import ConsistencyPolicy, make_policy, mode_of, policy_from_spec
 from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError
 from tfdist.ps.placement import PlacementPlan
@@ -162,12 +162,7 @@ class ParameterServerStrategy(StrategyBase):
             policy_spec = policy_from_spec(consistency, config.starting_workers).spec()
         else:
             policy_spec = config.strategy.policy_spec(config.starting_workers)
-        m = policy_spec.get("replicas_to_aggregate")
-        if m is not None and m > config.starting_workers:
-            raise ConfigError(
-                f"replicas_to_aggregate={m} exceeds the job's {config.starting_workers} worker(s); "
-                "accumulating gradients across steps is not supported. Use at most the number of workers."
-            )
+        mode_of(policy_spec["policy"]).check_workers(policy_spec, config.starting_workers)
         self._runtime = make_runtime(config, task, token, variable_filter or default_variable_filter, policy_spec,
                                      single_process=self._local_server is not None)
         if config.ps.resident_threshold_bytes is not None:  # large keras.layers.Embedding tables on the PS
