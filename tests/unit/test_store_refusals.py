@@ -338,3 +338,14 @@ def test_a_worker_whose_model_differs_fails_as_a_config_error_so_the_job_stops()
                 client.request(0, WaitInitRequest(1, 1.0, other))
             assert isinstance(e.value, ConfigError)
             assert client.request(0, WaitInitRequest(1, 1.0, tuple(SPECS))).initialized
+
+
+def test_replies_keep_zeros_on_the_wire():
+    """SSP(0)'s bound travelled as "no bound" (0 == False dropped it from the wire): workers never refreshed."""
+    from tfdist.ps.replies import PullReply, PushReply
+
+    reply = PushReply(True, False, 3, 7, previous_version=0, global_step=0, min_clock=0, staleness=0)
+    assert PushReply.parse(reply.to_wire()[0]) == reply
+    pull = PullReply(1, 0, 0, 5, min_clock=0, staleness=0, clock=0)
+    again = PullReply.parse(pull.to_wire()[0])
+    assert (again.staleness, again.min_clock, again.clock) == (0, 0, 0)

@@ -63,7 +63,7 @@ class _Reply:
         meta = {}
         for name in self._KINDS:
             value = getattr(self, name)
-            if name in self._SPARSE and value in (None, False):
+            if name in self._SPARSE and (value is None or value is False):  # (0 is a value: `0 in (None, False)`)
                 continue
             meta[name] = list(value) if isinstance(value, tuple) else value
         return meta, getattr(self, "values", _NO_TENSORS)
