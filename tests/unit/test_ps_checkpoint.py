@@ -265,7 +265,7 @@ def test_a_restarted_synchronous_job_rolls_every_task_back_to_the_newest_common_
         assert [s.store.state_step for s in again] == [3, 2]
         chief = session(again)
         got = chief.initialize(values(99.0))  # the chief's own fresh values are not used: the job resumes
-        assert [s.store.state_step for s in again] == [2, 2] and chief.global_step == 2
+        assert [s.store.state_step for s in again] == [2, 2] and chief.state.step == 2
         np.testing.assert_array_equal(got["a"], states[2]["a"])
         np.testing.assert_array_equal(got["b"], states[2]["b"])
         assert ckpt.list_steps(d, 0)[-1] == 2  # the abandoned step 3 is gone: a later restart cannot pick it

@@ -32,6 +32,7 @@ import numpy as np
 from tfdist.consistency.ssp import cache_is_fresh_enough
 from tfdist.errors import PSRejectedError, PSRestartedError, PSUnavailableError
 from tfdist.ps.client import PSClient
+from tfdist.ps.exchange_state import ExchangeState
 from tfdist.ps.placement import PlacementPlan, VariableSpec
 from tfdist.ps.sparse import TableSpec, shard_of
 from tfdist.ps.protocol import (
@@ -119,26 +120,19 @@ class WorkerSession:
         #: PS-resident tables (rows sharded mod the PS tasks), by key.
         self.tables = {t.key: t for t in tables}
         self.reconnect_timeout_s = reconnect_timeout_s
-        #: The incarnation of each PS task this worker's state comes from (``None``: not heard yet).
-        self.incarnation: list[int | None] = [None] * plan.num_ps
         self.nonfinite = nonfinite
         #: Whether a push and the following read may travel as one PushPull (reads that never wait: ASP).
         self.push_pull = True
         self.conditional_pull = conditional_pull
         self.policy_spec = policy_spec or {"policy": "async"}
         self.num_workers = num_workers
-        self.global_step = 0
+        #: Every fact this worker knows of the exchange (clock, steps, versions, incarnations, membership).
+        self.state = ExchangeState(plan.num_ps)
         self.specs = list(specs)
         self.plan = plan
         self.worker_id = worker_id
         self.is_chief = is_chief
         self.startup_timeout_s = startup_timeout_s
-        self.clock = 0
-        #: Set when a PS reply says this worker should leave (drained by the engine).
-        self.leave_requested = False
-        #: Set when a PS reply says the job's ``total_batches`` are done.
-        self.job_done = False
-        self.version = [0] * plan.num_ps
         self._snapshot: dict[str, np.ndarray] = {}
         #: What a push diffs against when it is not the snapshot (after an overlapped exchange).
         self._base: dict[str, np.ndarray] | None = None
@@ -215,7 +209,7 @@ class WorkerSession:
             mine = shard == ps
             if mine.any():
                 requests[ps] = PushRowsRequest(self.worker_id, keys[0], local[mine], grads[0][mine], learning_rate,
-                                               step, self.incarnation[ps], tuple(keys[1:]),
+                                               step, self.state.incarnations[ps], tuple(keys[1:]),
                                                tuple(g[mine] for g in grads[1:]))
         self._request_many(requests)
         self.stats["rows_pushed"] += len(ids) * len(keys)
@@ -225,14 +219,14 @@ class WorkerSession:
         shard, local = shard_of(np.asarray(ids, np.int64), self.plan.num_ps)
         values = np.ascontiguousarray(values, np.float32)
         requests = {ps: WriteRowsRequest(self.worker_id, key, local[shard == ps], values[shard == ps],
-                                         self.incarnation[ps])
+                                         self.state.incarnations[ps])
                     for ps in range(self.plan.num_ps) if (shard == ps).any()}
         replies = self._request_many(requests)
         return sum(reply.written for reply in replies.values())
 
     def _lookup_clock(self) -> int | None:
         """Update path: a lookup is a read at the step about to start (SSP's rule applies)."""
-        return self.clock
+        return self.state.clock
 
     def _row_step(self) -> int | None:
         """Update path: row gradients are applied at once (no step)."""
@@ -263,9 +257,9 @@ class WorkerSession:
             incarnation = getattr(reply, "incarnation", None)
             if incarnation is None:
                 continue
-            known = self.incarnation[ps]
+            known = self.state.incarnations[ps]
             if known is None:
-                self.incarnation[ps] = incarnation
+                self.state.incarnations[ps] = incarnation
             elif incarnation != known:
                 raise PSRestartedError(
                     f"Parameter server ps:{ps} at {self.client.addresses[ps]} restarted (incarnation {known} → "
@@ -298,7 +292,7 @@ class WorkerSession:
         try:
             statuses = self._wait_all_answer(deadline, cause)
             restarted = [ps for ps in range(self.plan.num_ps)
-                         if statuses[ps].get("incarnation") != self.incarnation[ps]]
+                         if statuses[ps].get("incarnation") != self.state.incarnations[ps]]
             values = self._recover_from(statuses, restarted, local_values, deadline, as_reader)
         finally:
             if beating:
@@ -321,7 +315,7 @@ class WorkerSession:
                 logger.warning("worker %d: ps:%s restarted without a checkpoint: its rows of the tables %s are lost "
                                "and start again from their initial values (set ps.checkpoint_dir)", self.worker_id,
                                empty, sorted(self.tables))
-        self.incarnation = [None] * self.plan.num_ps  # learnt again from the pull's replies
+        self.state.forget_incarnations()  # learnt again from the pull's replies
         return self.pull(as_reader=as_reader)
 
     def _pause_heartbeat(self) -> bool:
@@ -369,7 +363,7 @@ class WorkerSession:
         """Tasks that restarted with no state: the chief initialises them again; the others wait for it."""
         if self.is_chief and local_values is not None:
             parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
-            self.client.request_many({ps: self._init_request(ps, parts[ps], step=self.global_step) for ps in tasks})
+            self.client.request_many({ps: self._init_request(ps, parts[ps], step=self.state.step) for ps in tasks})
             logger.warning("worker %d: ps:%s restarted without a checkpoint; initialised again from this worker's "
                            "current values (set ps.checkpoint_dir to restore instead)", self.worker_id, tasks)
             return
@@ -402,7 +396,7 @@ class WorkerSession:
             fresh = all(reply.initialized_here for reply in replies.values())
             if fresh:
                 self._snapshot = {k: np.array(v, copy=True) for k, v in local_values.items()}
-                self.version = [replies[i].version for i in range(self.plan.num_ps)]
+                self.state.versions = [replies[i].version for i in range(self.plan.num_ps)]
                 logger.info("worker %d initialised %d PS task(s)", self.worker_id, self.plan.num_ps)
                 self._start_heartbeat()
                 return None
@@ -451,7 +445,7 @@ class WorkerSession:
         if as_reader:
             worker, clock = -1, 0
         else:
-            worker, clock = self.worker_id, self.clock if clock is None else clock
+            worker, clock = self.worker_id, self.state.clock if clock is None else clock
         replies = self._request_many(
             {ps: PullRequest(worker, clock, tuple(self.plan.keys_on(ps)), min_state_step)
              for ps in range(self.plan.num_ps)}
@@ -474,14 +468,14 @@ class WorkerSession:
         base = self._base if self._base is not None else self._snapshot
         deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
         parts = self._split(deltas)
-        requests = self._push_requests(parts, self.clock + 1, loss, pull and self.push_pull, steps)
+        requests = self._push_requests(parts, self.state.clock + 1, loss, pull and self.push_pull, steps)
         replies = self._request_many(requests)
-        self.clock += 1
+        self.state.clock += 1
         self.stats["syncs"] += 1
         if pull and not self.push_pull:  # reads may wait (SSP): the push, then a read at the next clock
             self._note(replies)
             replies = self._request_many(
-                {ps: PullRequest(self.worker_id, self.clock, tuple(self.plan.keys_on(ps)))
+                {ps: PullRequest(self.worker_id, self.state.clock, tuple(self.plan.keys_on(ps)))
                  for ps in range(self.plan.num_ps)})
             values = self._absorb(replies)
         elif pull:
@@ -498,12 +492,12 @@ class WorkerSession:
                        version: Sequence[int] | None = None) -> dict:
         """One Push (or PushPull, when ``pull``) per PS task; a non-finite loss is not reported."""
         loss = float(loss) if loss is not None and math.isfinite(loss) else None
-        version = self.version if version is None else version
+        version = self.state.versions if version is None else version
         requests = {}
         for ps in range(self.plan.num_ps):
             deltas, rows = _row_sparse(parts[ps])
             self.stats["bytes_pushed"] += sum(d.nbytes for d in deltas.values()) + sum(r.nbytes for r in rows.values())
-            push = PushRequest(self.worker_id, clock, deltas, loss, int(steps), self.incarnation[ps], rows)
+            push = PushRequest(self.worker_id, clock, deltas, loss, int(steps), self.state.incarnations[ps], rows)
             if pull:
                 base = version[ps] if self.conditional_pull else None
                 requests[ps] = PushPullRequest(push, tuple(self.plan.keys_on(ps)), base)
@@ -512,20 +506,11 @@ class WorkerSession:
         return requests
 
     def _note(self, replies) -> None:
-        """Hook: subclasses read clock information from replies."""
-        ordered = [replies[i] for i in range(self.plan.num_ps)]
-        self.global_step = max(r.global_step or 0 for r in ordered)
-        self._note_membership(ordered)
+        """Hook: what replies say of membership; subclasses read their path's clock information too."""
+        self._note_membership([replies[i] for i in range(self.plan.num_ps)])
 
     def _note_membership(self, replies) -> None:
-        """Reads the engine's requests (leave, job done) from PS replies."""
-        for reply in replies:
-            if reply.leave and not self.leave_requested:
-                self.leave_requested = True
-                logger.info("worker %d: asked to leave the job", self.worker_id)
-            if reply.job_done and not self.job_done:
-                self.job_done = True
-                logger.info("worker %d: the job's batches are done", self.worker_id)
+        self.state.note_membership(replies, self.worker_id)
 
     def _fresh_shards(self, replies, snapshot, pushed) -> dict[int, dict[str, np.ndarray]]:
         """Per PS task, the values it holds: sent back, or snapshot + delta where it said "unchanged"."""
@@ -544,7 +529,7 @@ class WorkerSession:
         return per_ps
 
     def _absorb(self, replies, pushed=None) -> dict[str, np.ndarray]:
-        self.version = [replies[i].version for i in range(self.plan.num_ps)]
+        self.state.versions = [replies[i].version for i in range(self.plan.num_ps)]
         values = self._join(self._fresh_shards(replies, self._snapshot, pushed))
         self._snapshot = values
         self._base = None
@@ -676,13 +661,11 @@ class UpdateSession(WorkerSession):
 
     def __init__(self, *args, staleness: float = float("inf"), refresh_every_step: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
-        self.staleness = staleness
+        self.state.staleness = staleness
         self.refresh_every_step = refresh_every_step
         self.push_pull = math.isinf(staleness)
         self._exchange: Future | None = None
         self._exchange_thread: ThreadPoolExecutor | None = None
-        self.cache_min_clock = 0
-        self.min_clock = 0
         self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0, "overlap_wait_seconds": 0.0})
         #: ``(clock started, min clock the cache is guaranteed to include)`` per step, for audits:
         #: the last :data:`AUDIT_STEPS` steps (bounded, so a long job does not grow it forever).
@@ -693,31 +676,31 @@ class UpdateSession(WorkerSession):
         ordered = [replies[i] for i in range(self.plan.num_ps)]
         mins = [r.min_clock for r in ordered if r.min_clock is not None]
         if mins:
-            self.min_clock = min(mins)
+            self.state.min_clock = min(mins)
         clocks = [r.clock for r in ordered if getattr(r, "clock", None) is not None]
-        if clocks and max(clocks) > self.clock:  # joined a running job: adopt the clock the PS gave us
+        if clocks and max(clocks) > self.state.clock:  # joined a running job: adopt the clock the PS gave us
             logger.info("worker %d starts at clock %d (adopted on join)", self.worker_id, max(clocks))
-            self.clock = max(clocks)
-            self.cache_min_clock = max(self.cache_min_clock, self.min_clock)
+            self.state.clock = max(clocks)
+            self.state.cache_min_clock = max(self.state.cache_min_clock, self.state.min_clock)
         clocked = [r for r in ordered if r.global_step is not None]  # replies that carry the clock information
         if clocked and len(clocked) == len(ordered):  # DTSSP moves the bound; every PS task runs the same rule
             bounds = [r.staleness for r in clocked]
-            self.staleness = float("inf") if None in bounds else min(bounds)
+            self.state.staleness = float("inf") if None in bounds else min(bounds)
 
     def needs_refresh(self) -> bool:
         """Whether starting step ``clock`` requires a fresher cache."""
-        return not cache_is_fresh_enough(self.clock, self.cache_min_clock, self.staleness)
+        return not cache_is_fresh_enough(self.state.clock, self.state.cache_min_clock, self.state.staleness)
 
     def begin(self) -> dict[str, np.ndarray] | None:
         """Makes the cache fit to start step ``clock``; returns new values or None."""
         if self.refresh_every_step or not self.needs_refresh():
-            self.starts.append((self.clock, self.cache_min_clock))
+            self.starts.append((self.state.clock, self.state.cache_min_clock))
             return None
         start = time.perf_counter()
-        values = self.pull(clock=self.clock)
+        values = self.pull(clock=self.state.clock)
         waited = time.perf_counter() - start
-        self.cache_min_clock = self.min_clock
-        self.starts.append((self.clock, self.cache_min_clock))
+        self.state.cache_min_clock = self.state.min_clock
+        self.starts.append((self.state.clock, self.state.cache_min_clock))
         self.stats["refreshes"] += 1
         if waited > 0.05:
             self.stats["waits"] += 1
@@ -730,7 +713,7 @@ class UpdateSession(WorkerSession):
         self.flush()  # an overlapped exchange in flight: its fresh values come back with this pull
         values = self._push(current, loss, pull=self.refresh_every_step, steps=steps)
         if values is not None:
-            self.cache_min_clock = self.min_clock
+            self.state.cache_min_clock = self.state.min_clock
             self.stats["refreshes"] += 1
         return values
 
@@ -761,8 +744,8 @@ class UpdateSession(WorkerSession):
         corrections = self._finish_exchange()
         base = self._base if self._base is not None else self._snapshot
         deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
-        self.clock += 1
-        args = (deltas, loss, self.clock, self._snapshot, list(self.version), steps)
+        self.state.clock += 1
+        args = (deltas, loss, self.state.clock, self._snapshot, list(self.state.versions), steps)
         try:
             if self._exchange_thread is None:
                 self._exchange_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-exchange")
@@ -790,9 +773,9 @@ class UpdateSession(WorkerSession):
             result = exchange.result()
         finally:
             self.stats["overlap_wait_seconds"] += time.perf_counter() - start
-        self._snapshot, self._base, self.version = result.snapshot, result.base, result.version
+        self._snapshot, self._base, self.state.versions = result.snapshot, result.base, result.version
         self._note(result.replies)
-        self.cache_min_clock = self.min_clock
+        self.state.cache_min_clock = self.state.min_clock
         self.stats["refreshes"] += 1
         return result.corrections
 
@@ -837,7 +820,7 @@ class UpdateSession(WorkerSession):
                 as_reader: bool = False) -> dict[str, np.ndarray]:
         self._exchange = None  # an overlapped exchange in flight is lost with the task
         values = super().recover(cause, local_values, as_reader)
-        self.cache_min_clock = self.min_clock
+        self.state.cache_min_clock = self.state.min_clock
         return values
 
     def close(self, done: bool = True) -> None:
@@ -876,7 +859,6 @@ class GradientSession(WorkerSession):
 
     def __init__(self, *args, checkpoint_every_s: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.known_global_step = 0
         self._write_state_on: list[int] = []
         self._resync_at_end = False
         #: The chief schedules a checkpoint of one state step on every task this often (a consistent cut).
@@ -890,14 +872,14 @@ class GradientSession(WorkerSession):
         if values is not None:  # joined a running job (or resumed from checkpoints): continue from its state
             if self.is_chief:
                 values = self._align_restored_tasks(values)
-            self.known_global_step = self.global_step
+            self.state.job_step = self.state.step
         return values
 
     def _lookup_clock(self) -> int | None:
         return None  # the barrier orders reads: the previous step's rows are applied before any read of this one
 
     def _row_step(self) -> int | None:
-        return self.global_step  # counted towards this step, applied when it completes
+        return self.state.step  # counted towards this step, applied when it completes
 
     def _align_restored_tasks(self, values):
         """The chief, when the tasks held values already (restored from checkpoints): one state step on all.
@@ -921,7 +903,7 @@ class GradientSession(WorkerSession):
                        "step %d", self.worker_id, sorted(steps), target)
         self.client.request_many({ps: RestoreRequest(self.worker_id, target) for ps in range(self.plan.num_ps)
                                   if statuses[ps].state_step != target})
-        self.incarnation = [None] * self.plan.num_ps
+        self.state.forget_incarnations()
         return self.pull(min_state_step=target)
 
     def _recover_from(self, statuses, restarted, local_values, deadline, as_reader) -> dict[str, np.ndarray]:
@@ -942,7 +924,7 @@ class GradientSession(WorkerSession):
             # (a consistent cut). Without tables, or without such a cut, reset to this worker's state.
             step = self._roll_back_to_restored_step(statuses, restarted) if self.tables else None
             if step is None:
-                step = self.global_step
+                step = self.state.step
                 parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
                 self.client.request_many({ps: self._init_request(ps, parts[ps], step=step, reset=True)
                                           for ps in range(n)})
@@ -953,9 +935,9 @@ class GradientSession(WorkerSession):
                                    "without a checkpoint); the other tasks' rows are newer", self.worker_id, restarted)
         else:
             step = self._wait_for_reset(set(range(n)), deadline)
-        self.incarnation = [None] * n
+        self.state.forget_incarnations()
         values = self.pull(min_state_step=step, as_reader=as_reader)
-        self.known_global_step = self.global_step
+        self.state.job_step = self.state.step
         self._resync_at_end, self._write_state_on = False, []
         return values
 
@@ -979,7 +961,7 @@ class GradientSession(WorkerSession):
 
     def _wait_for_reset(self, tasks: set[int], deadline: float) -> int:
         """A worker other than the chief: waits until every task left the incarnation it knew, at one step."""
-        old = list(self.incarnation)
+        old = list(self.state.incarnations)
         while True:
             statuses = self.statuses()
             moved = all(st.incarnation != old[ps] and st.initialized for ps, st in enumerate(statuses))
@@ -996,7 +978,7 @@ class GradientSession(WorkerSession):
         """The chief, every ``checkpoint_every_s``: every task checkpoints the state of the next global step."""
         if self.checkpoint_every_s is None or time.monotonic() - self._last_checkpoint_request < self.checkpoint_every_s:
             return
-        at = max(self.global_step, self.known_global_step) + 1
+        at = max(self.state.step, self.state.job_step) + 1
         replies = self.client.request_many({ps: CheckpointRequest(self.worker_id, at) for ps in range(self.plan.num_ps)})
         if all(reply.scheduled for reply in replies.values()):
             self._last_checkpoint_request = time.monotonic()
@@ -1008,9 +990,9 @@ class GradientSession(WorkerSession):
         ordered = [replies[i] for i in range(self.plan.num_ps)]
         steps = [r.state_step for r in ordered if isinstance(r, PullReply)]
         if steps:  # a state pull: continue from the snapshot's step
-            self.global_step = min(steps)
+            self.state.step = min(steps)
         self._note_membership(ordered)
-        self.known_global_step = max([self.known_global_step] + [r.global_step or 0 for r in ordered])
+        self.state.job_step = max([self.state.job_step] + [r.global_step or 0 for r in ordered])
 
     def job_epoch_logs(self, epoch: int, logs: Mapping[str, float]) -> tuple[int, dict[str, float]]:
         """This worker's logs of its ``epoch``-th epoch end; returns ``(the epoch they counted for, the job's logs)``
@@ -1026,7 +1008,7 @@ class GradientSession(WorkerSession):
         waits (bounded) until every task holds the newest one.
         """
         latest = max(st.state_step for st in self.statuses())
-        if latest <= self.global_step:
+        if latest <= self.state.step:
             return None
         values = self.pull(min_state_step=latest, as_reader=as_reader)
         self.stats["resyncs"] += 1
@@ -1034,9 +1016,9 @@ class GradientSession(WorkerSession):
 
     def begin(self) -> dict[str, np.ndarray] | None:
         """Reloads the state snapshot if other workers have moved on."""
-        if self.known_global_step <= self.global_step:
+        if self.state.job_step <= self.state.step:
             return None
-        values = self.pull(min_state_step=self.known_global_step)
+        values = self.pull(min_state_step=self.state.job_step)
         self.stats["resyncs"] += 1
         return values
 
@@ -1044,9 +1026,9 @@ class GradientSession(WorkerSession):
         """Pushes gradients for ``global_step``; returns that step's aggregate."""
         start = time.perf_counter()
         parts = self._split({k: np.asarray(v) for k, v in grads.items()})
-        step = self.global_step
+        step = self.state.step
         replies = self._request_many(
-            {ps: PushGradientsRequest(self.worker_id, step, parts[ps], self.incarnation[ps])
+            {ps: PushGradientsRequest(self.worker_id, step, parts[ps], self.state.incarnations[ps])
              for ps in range(self.plan.num_ps)})
         self._note_membership(list(replies.values()))
         self.stats["bytes_pushed"] += sum(g.nbytes for g in grads.values())
@@ -1054,7 +1036,7 @@ class GradientSession(WorkerSession):
         resync = any(r.resync for r in replies.values())
         self.stats["dropped"] += int(dropped)
         self.stats["waits"] += int(any(r.waited for r in replies.values()))  # this worker waited for others
-        self.known_global_step = max([self.known_global_step] + [r.global_step for r in replies.values()])
+        self.state.job_step = max([self.state.job_step] + [r.global_step for r in replies.values()])
         found = {k: v for r in replies.values() for k, v in r.values.items()}
         aggregate = {}
         for key, grad in grads.items():
@@ -1066,10 +1048,10 @@ class GradientSession(WorkerSession):
             else:
                 aggregate[key] = np.concatenate([found[s.key] for s in shards], axis=0)
         if resync:
-            self.known_global_step = max(self.known_global_step, step + 1)
+            self.state.job_step = max(self.state.job_step, step + 1)
             self._resync_at_end = True
         self._write_state_on = [ps for ps, r in replies.items() if r.write_state]
-        self.global_step = step + 1
+        self.state.step = step + 1
         self.stats["steps"] += 1
         self.stats["wait_seconds"] += time.perf_counter() - start
         self.stats["bytes_pulled"] += sum(a.nbytes for a in aggregate.values())
@@ -1087,14 +1069,14 @@ class GradientSession(WorkerSession):
         if self._resync_at_end:
             self._resync_at_end = False
             self._write_state_on = []
-            values = self.pull(min_state_step=self.known_global_step)
+            values = self.pull(min_state_step=self.state.job_step)
             self.stats["resyncs"] += 1
             return values
         if not self._write_state_on:
             return None
         parts = self._split({k: np.asarray(v) for k, v in state.items()})
         self._request_many(
-            {ps: PutStateRequest(self.worker_id, self.global_step, parts[ps], self.incarnation[ps])
+            {ps: PutStateRequest(self.worker_id, self.state.step, parts[ps], self.state.incarnations[ps])
              for ps in self._write_state_on})
         self.stats["state_writes"] += 1
         self._write_state_on = []

@@ -761,9 +761,9 @@ class PSRuntime:
         session = self.session
         if session is None:
             return None
-        if session.job_done:
+        if session.state.job_done:
             return "job_done"
-        if session.leave_requested:
+        if session.state.leave_requested:
             return "leave"
         return None
 
@@ -853,7 +853,7 @@ class PSRuntime:
                     values = session.pull(as_reader=True)
                 except PSUnavailableError as e:  # a task restarted (new incarnation) or is not initialised yet
                     if isinstance(e, PSRestartedError):
-                        session.incarnation = [None] * session.plan.num_ps  # learnt again from the next pull
+                        session.state.forget_incarnations()  # learnt again from the next pull
                     failing_since = failing_since or time.monotonic()
                     if time.monotonic() - failing_since > self.reconnect_timeout_s:
                         logger.warning("task %s: no read of the parameter servers succeeded for %.0f s; ending the "
@@ -1207,8 +1207,8 @@ class UpdatePathRuntime(PSRuntime):
         session = self.session
         if session is None:
             return np.array([0, 0, 0, -1, 0], np.float32)
-        st, s = session.stats, session.staleness
-        return np.array([session.clock, 0, st["waits"], -1 if s == float("inf") else s, st["refreshes"]],
+        st, s = session.stats, session.state.staleness
+        return np.array([session.state.clock, 0, st["waits"], -1 if s == float("inf") else s, st["refreshes"]],
                         np.float32)
 
 
@@ -1350,7 +1350,7 @@ class GradientPathRuntime(PSRuntime):
         if session is None:
             return np.zeros(5, np.float32)
         st = session.stats
-        return np.array([session.global_step, st["dropped"], st["waits"], 0, st["resyncs"]], np.float32)
+        return np.array([session.state.step, st["dropped"], st["waits"], 0, st["resyncs"]], np.float32)
 
 
 def make_runtime(config: JobConfig, task: TaskSpec, token: str | None, variable_filter, policy_spec: Mapping,

@@ -119,7 +119,7 @@ def main():
         before = state_hash(model)
         strategy.pull()
         result["after_pull"] = {"hash_before": before, "hash": state_hash(model),
-                                "global_step": strategy._runtime.session.global_step,
+                                "global_step": strategy._runtime.session.state.step,
                                 "loss": float(model.evaluate(data.x_test.reshape(-1, 64), data.y_test, verbose=0)[0])}
     session = strategy._runtime.session
     if hasattr(session, "starts"):
