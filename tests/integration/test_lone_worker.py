@@ -124,10 +124,10 @@ def test_a_fit_after_leaving_takes_part_in_the_job_again(ps_server):
         with strategy.scope():
             model = _model()
         model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[tfdist.callbacks.LeaveOnTrainEnd()])
-        assert strategy._runtime._left
+        assert strategy._runtime.lifecycle.left
         model.fit(x, y, batch_size=32, epochs=1, verbose=0)
         assert strategy.ps_status()[0]["worker_batches"] == {"0": 20}
-        assert not strategy._runtime._left
+        assert not strategy._runtime.lifecycle.left
         trained = model.get_weights()
         strategy.pull(keep_local_writes=False)
         for got, want in zip(model.get_weights(), trained):

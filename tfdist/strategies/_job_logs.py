@@ -36,7 +36,7 @@ _original_on_epoch_end = None
 def job_epoch_logs(runtime, logs: Mapping[str, Any], own: tuple[str, ...]) -> dict[str, Any]:
     """``logs`` with every numeric entry not in ``own`` replaced by the job's mean (the runtime's session)."""
     session = runtime.session
-    if session is None or runtime.config.starting_workers <= 1 or runtime.worker_id < 0:
+    if session is None or runtime.config.starting_workers <= 1 or runtime.lifecycle.reader:
         return dict(logs)
     shared = {}
     for name, value in logs.items():

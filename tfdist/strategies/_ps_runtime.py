@@ -43,6 +43,7 @@ from tfdist.ps.placement import PlacementPlan, VariableSpec, make_placement
 from tfdist.ps.protocol import MAX_LOOKUP_TABLES, CheckpointRequest, DoneRequest, StatusRequest
 from tfdist.ps.replies import StatusReply
 from tfdist.strategies._job_logs import job_epoch_logs
+from tfdist.strategies._lifecycle import WorkerLifecycle
 from tfdist.ps.sparse import TableSpec
 from tfdist.ps.session import GradientSession, UpdateSession, WorkerSession
 from tfdist.strategies._derived_state import DerivedStateLayers
@@ -276,8 +277,6 @@ class PSRuntime:
         #: Held by every exchange a lone worker's background thread makes and by the calls of the training
         #: thread that use the session (pull, checkpoint, leave, close): one at a time.
         self._exchange_lock = threading.RLock()
-        self._closed = False
-        self._left = False
         #: Seconds the current/last training step spent blocked on the PS (waits, transfers).
         self.step_wait_s = 0.0
         #: Whether time blocked on the PS may be time spent waiting for other workers (barriers, staleness
@@ -290,8 +289,8 @@ class PSRuntime:
         default = (config.elastic.warmup_batches
                    if config.elastic.enabled and self.worker_id >= config.starting_workers else 0)
         warmup = int(os.environ.get(constants.ENV_WARMUP_BATCHES, str(default)) or 0)
-        self.warmup_left = warmup if self.worker_id > 0 else 0
-        self.in_warmup = False
+        #: The worker's part in the job (reader, warming up, training, left, closed): the one owner of its role.
+        self.lifecycle = WorkerLifecycle(self.worker_id, warmup if self.worker_id > 0 else 0)
         self._warmup_started: float | None = None
         #: While a side-car evaluation round runs: evaluate/predict use the round's snapshot, no pull per step.
         self.hold_values = False
@@ -325,7 +324,7 @@ class PSRuntime:
         if model_variable and not var.dtype.is_floating:
             return
         self.registry.register(var, model_variable, frozen=self.session is not None, owner=owner,
-                               watch=self.worker_id >= 0)
+                               watch=not self.lifecycle.reader)
 
     def key_of(self, var) -> str | None:
         return self.registry.key_of(var)
@@ -382,7 +381,7 @@ class PSRuntime:
         companionship is forgotten). Nothing read is kept past its step.
         """
         session = self.ensure_session()
-        as_reader = self._left or self.worker_id < 0 or self.in_warmup
+        as_reader = self.lifecycle.reads_as_reader
         with self._lookup_lock:  # the bookkeeping only: requests of several lookups may overlap
             if key in self._looked_up:  # read twice in one step (a shared table): never grouped
                 self._ungroup(key)
@@ -551,8 +550,8 @@ class PSRuntime:
                 future, recoveries = self._row_pushes.popleft()
                 error = future.exception()
                 if isinstance(error, PSUnavailableError):
-                    if self._recoveries() == recoveries and not self._closed:
-                        self._recover(error, as_reader=self._left or self.worker_id < 0)
+                    if self._recoveries() == recoveries and not self.lifecycle.closed:
+                        self._recover(error, as_reader=self.lifecycle.reads_as_reader)
                 elif error is not None:
                     raise error
 
@@ -587,7 +586,7 @@ class PSRuntime:
             session = self._new_session(
                 client, self.specs, self.plan, self.worker_id, self.is_chief,
                 startup_timeout_s=self.config.ps.startup_timeout_s,
-                heartbeat_interval_s=self.config.ps.heartbeat_interval_s if self.worker_id >= 0 else None,
+                heartbeat_interval_s=None if self.lifecycle.reader else self.config.ps.heartbeat_interval_s,
                 policy_spec=self.policy_spec,
                 num_workers=self.config.starting_workers,
                 nonfinite=self.config.ps.nonfinite,
@@ -657,9 +656,9 @@ class PSRuntime:
         try:
             return call()
         except PSUnavailableError as e:
-            if self.session is None or self._closed:
+            if self.session is None or self.lifecycle.closed:
                 raise
-            self._recover(e, as_reader=self._left or self.worker_id < 0)
+            self._recover(e, as_reader=self.lifecycle.reads_as_reader)
             return None
 
     def _recover(self, error: PSUnavailableError, as_reader: bool) -> None:
@@ -668,8 +667,13 @@ class PSRuntime:
                                                   as_reader=as_reader))
 
     # ------------------------------------------------------------------- steps
+    @property
+    def in_warmup(self) -> bool:
+        """Whether the step now running is a warm-up step (the lifecycle's)."""
+        return self.lifecycle.in_warmup_step
+
     def _require_training_task(self) -> None:
-        if self.worker_id < 0:
+        if self.lifecycle.reader:
             raise ClusterError(f"Task {self.task} is not a training task: it may evaluate and predict, not fit.")
 
     def begin_step(self, training: bool) -> None:
@@ -678,23 +682,22 @@ class PSRuntime:
             self._new_step_for_lookups()
         if training and self.slowdown is not None:
             self.slowdown.at_step_start()
-        self.in_warmup = False
-        if training and self.warmup_left > 0 and self.session is None:
+        left_before = self.lifecycle.warmup_left
+        if training and self.lifecycle.warmup_step(may_warm_up=self.session is None):
             if self._warmup_started is None:
                 self._warmup_started = time.perf_counter()
                 logger.info("worker %d: warming up on %d local batch(es) before joining the job",
-                            self.worker_id, self.warmup_left)
-            self.warmup_left -= 1
-            self.in_warmup = True
+                            self.worker_id, left_before)
             return
+        self.lifecycle.end_warmup_step()
         if self._warmup_started is not None:
             logger.info("worker %d: warmed up in %.2f s; joining (pulling parameters from %d PS task(s))",
                         self.worker_id, time.perf_counter() - self._warmup_started, len(self.config.cluster.ps))
             self._warmup_started = None
         session = self.ensure_session()
-        if training and self._left:
+        if training and self.lifecycle.left:
             self.rejoin()
-        if not training or self.worker_id < 0:
+        if not training or self.lifecycle.reader:
             if not self.hold_values:
                 self._refresh_for_reading(session)
             return
@@ -708,7 +711,7 @@ class PSRuntime:
     def _refresh_for_reading(self, session: WorkerSession) -> None:
         """Before an evaluate/predict step (or on an evaluator): the job's freshest values."""
         self.flush_local_steps()
-        values = self._recovering(lambda: session.pull(as_reader=self._left or self.worker_id < 0))
+        values = self._recovering(lambda: session.pull(as_reader=self.lifecycle.reads_as_reader))
         if values is not None:
             self.registry.assign(values)
 
@@ -787,13 +790,13 @@ class PSRuntime:
             self._leave()
 
     def _leave(self) -> None:
-        if self._left or self.session is None or self.worker_id < 0:
+        if self.session is None or self.lifecycle.reader or self.lifecycle.left or self.lifecycle.closed:
             return
         try:
             self.flush_local_steps()
         except Exception as e:
             logger.warning("worker %d: could not send its last local step(s): %s", self.worker_id, e)
-        self._left = True
+        self.lifecycle.leave()
         try:
             self.session.flush()  # an update in flight lands before this worker stops counting
             if self.config.elastic.enabled:
@@ -810,10 +813,10 @@ class PSRuntime:
 
     def rejoin(self) -> None:
         """Takes part in training again after :meth:`leave` (a later ``fit``)."""
-        if not self._left or self.session is None:
+        if not self.lifecycle.left or self.session is None:
             return
         self.session.rejoin()
-        self._left = False
+        self.lifecycle.rejoin()
         logger.info("worker %d takes part in training again", self.worker_id)
 
     def checkpoint(self) -> list[dict]:
@@ -915,15 +918,14 @@ class PSRuntime:
         """Hook: stops a lone worker's background exchange (before the last steps are sent)."""
 
     def _close(self, done: bool, flush: bool) -> None:
-        if self._closed:
+        if not self.lifecycle.close():
             return
-        self._closed = True
         if self.session is not None and flush:
             try:
                 self.flush_local_steps()
             except Exception as e:  # closing goes on: the PS keeps what it has
                 logger.warning("worker %d: could not send its last local step(s): %s", self.worker_id, e)
-            self.session.close(done=done and self.worker_id >= 0)
+            self.session.close(done=done and not self.lifecycle.reader)
         if self._row_pusher is not None:
             self._row_pusher.shutdown(wait=False)
 
@@ -1004,7 +1006,7 @@ class UpdatePathRuntime(PSRuntime):
     def local_only(self) -> bool:
         """Whether training steps run without any exchange (see ``_local_only``); fixed at the first call."""
         if self._local_only is None:
-            local_only = not self._tables and self.slowdown is None and self.warmup_left == 0
+            local_only = not self._tables and self.slowdown is None and self.lifecycle.warmup_left == 0
             if local_only and self.lone_worker:
                 self._start_background_exchange()  # may fail (no PS): decided at the next trace then
             self._local_only = local_only
@@ -1056,10 +1058,10 @@ class UpdatePathRuntime(PSRuntime):
         variable's next update is taken against the very values sent now.
         """
         with self._exchange_lock:
-            if self._closed or self.session is None:
+            if self.lifecycle.closed or self.session is None:
                 return
             self._count_local_steps()
-            if self._left:
+            if self.lifecycle.left:
                 if not self._unsent_steps:
                     return
                 self.rejoin()  # a later fit after leave(): its steps take part in the job again
@@ -1114,7 +1116,7 @@ class UpdatePathRuntime(PSRuntime):
         self._local_steps_counted = done
 
     def _flush_before_local_write(self) -> None:
-        if self._flushing_for_write or self.worker_id < 0:
+        if self._flushing_for_write or self.lifecycle.reader:
             return
         self._flushing_for_write = True
         try:
@@ -1180,14 +1182,14 @@ class UpdatePathRuntime(PSRuntime):
         """
         self.wait_row_pushes()
         with self._exchange_lock:
-            if self._lone_error is not None and not self._closed:
+            if self._lone_error is not None and not self.lifecycle.closed:
                 raise self._lone_error  # (closing tries to send the last steps all the same)
             self._count_local_steps()
-            if self.session is None or self.worker_id < 0:
+            if self.session is None or self.lifecycle.reader:
                 return
-            if self._left and self._unsent_steps and self._local_only:
+            if self.lifecycle.left and self._unsent_steps and self._local_only:
                 self.rejoin()  # local-only steps of a later fit after leave(): they take part in the job again
-            if self._left:
+            if self.lifecycle.left:
                 return
             if self._lone_resync and not self._unsent_steps:
                 self._unsent_steps = 1  # the PS tasks must get this lone worker's state back: a push counts a batch
@@ -1275,16 +1277,16 @@ class GradientPathRuntime(PSRuntime):
         self._pending = None
 
     def _refresh_for_reading(self, session: WorkerSession) -> None:
-        if self.worker_id < 0:  # an evaluator reads the job's state
+        if self.lifecycle.reader:  # an evaluator reads the job's state
             self.registry.assign(session.pull(as_reader=True))
             return
         # A worker's copy equals the job's unless it fell behind. Once after training steps
         # (the first evaluate/predict step after fit), ask the PS for its latest state;
         # otherwise reload only when this worker already knows it is behind.
-        if self._trained_since_check or self._left:
+        if self._trained_since_check or self.lifecycle.left:
             self._trained_since_check = False
             # a worker that left reads as an evaluator
-            values = self._recovering(lambda: session.catch_up(as_reader=self._left))
+            values = self._recovering(lambda: session.catch_up(as_reader=self.lifecycle.reads_as_reader))
         else:
             values = self._recovering(session.begin)
         if values is not None:
@@ -1300,10 +1302,10 @@ class GradientPathRuntime(PSRuntime):
         if not keep_local_writes:
             self.registry.written.clear()
         session = self.ensure_session()
-        if self.worker_id < 0:
+        if self.lifecycle.reader:
             values = self._recovering(lambda: session.pull(as_reader=True))
         else:
-            values = self._recovering(lambda: session.catch_up(as_reader=self._left))
+            values = self._recovering(lambda: session.catch_up(as_reader=self.lifecycle.reads_as_reader))
         if values is not None:
             self.registry.assign(values)
 
@@ -1319,7 +1321,7 @@ class GradientPathRuntime(PSRuntime):
                 # A task was lost mid-step: recover now, apply nothing (zeros), and load the
                 # recovered state at the step's end instead of this step's result.
                 self._recovered = self.session.recover(e, self.registry.values() if self.is_chief else None,
-                                                       as_reader=self._left)
+                                                       as_reader=self.lifecycle.reads_as_reader)
                 return [np.zeros_like(g) for g in grads]
         return [aggregate[k] if k is not None else g for k, g in zip(keys, grads)]
 
