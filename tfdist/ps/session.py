@@ -292,7 +292,7 @@ class WorkerSession:
         try:
             statuses = self._wait_all_answer(deadline, cause)
             restarted = [ps for ps in range(self.plan.num_ps)
-                         if statuses[ps].get("incarnation") != self.state.incarnations[ps]]
+                         if statuses[ps].incarnation != self.state.incarnations[ps]]
             values = self._recover_from(statuses, restarted, local_values, deadline, as_reader)
         finally:
             if beating:
@@ -305,10 +305,10 @@ class WorkerSession:
     def _recover_from(self, statuses, restarted, local_values, deadline, as_reader) -> dict[str, np.ndarray]:
         """Update path: tasks that came back empty get the chief's values; every variable is pulled."""
         for ps in restarted:
-            if statuses[ps].get("initialized"):
+            if statuses[ps].initialized:
                 logger.warning("worker %d: ps:%d restarted and restored its checkpoint of step %s",
-                               self.worker_id, ps, statuses[ps].get("restored_from"))
-        empty = [ps for ps in restarted if not statuses[ps].get("initialized")]
+                               self.worker_id, ps, statuses[ps].restored_from)
+        empty = [ps for ps in restarted if not statuses[ps].initialized]
         if empty:
             self._reinitialize(empty, local_values, deadline)
             if self.tables and self.is_chief:
