@@ -16,7 +16,7 @@ import time
 from typing import IO, Sequence
 
 from tfdist import constants
-from tfdist.cluster.failure import FailureDecision, decide_worker_failure
+from tfdist.cluster.failure import FailureDecision, decide_chief_restart, decide_worker_failure
 from tfdist.cluster.process import TaskProcess
 from tfdist.config import JOB_NAMES, UNASSIGNED, ClusterConfig, JobConfig, TaskSpec
 from tfdist.errors import ConfigError, LaunchError, TfdistError
@@ -271,6 +271,8 @@ class LocalJob:
         self.failed_workers: list[TaskSpec] = []
         #: Restarts of each task after it died (``launch.restart_ps``, ``launch.restart_chief``).
         self.restarts: dict[str, int] = {}
+        #: Why a dead chief was not restarted (``decide_chief_restart``), for the error that stops the job.
+        self._no_restart_reason: dict[str, str] = {}
         #: TF intra-op threads per training task (``launch.threads_per_task``); None: TF's default.
         self.threads_per_task = local_threads_per_task(self.config)
         if self.threads_per_task is not None and "TF_NUM_INTRAOP_THREADS" not in {**os.environ, **self.config.launch.env}:
@@ -426,27 +428,32 @@ class LocalJob:
             time.sleep(poll_s)
 
     def _restart(self, proc: TaskProcess) -> bool:
-        """Starts a dead PS task or chief again (``launch.restart_ps``/``restart_chief``); False when it may not be."""
+        """Starts a dead PS task or chief again (``launch.restart_ps``/``restart_chief``); False when it may not be.
+
+        A chief that is not restarted leaves the reason in
+        :attr:`_no_restart_reason` for the error that stops the job.
+        """
         launch, cluster = self.config.launch, self.config.cluster
         task = proc.task
+        key = str(task)
+        done = self.restarts.get(key, 0)
         if task.job == "ps":
-            if not launch.restart_ps:
+            if not launch.restart_ps or done >= launch.max_restarts:
                 return False
             what = (f"it restores its newest checkpoint from {self.config.ps.checkpoint_dir}"
                     if self.config.ps.checkpoint_dir else
                     "no ps.checkpoint_dir: the chief initialises it again from its current values")
             what += f"; workers reconnect within ps.reconnect_timeout_s={self.config.ps.reconnect_timeout_s:g} s"
         elif task.job in TRAINING_JOBS and cluster.worker_id(task.job, task.index) == 0:
-            if not (launch.restart_chief and cluster.ps and not self.config.elastic.enabled):
+            code = proc.poll()
+            # Asked only when the rest allows a restart: it is an RPC to a PS that may be gone.
+            said_done = decide_chief_restart(self.config, code, False, done).restart and self._said_done(0)
+            decision = decide_chief_restart(self.config, code, said_done, done)
+            if not decision.restart:
+                self._no_restart_reason[key] = decision.reason
                 return False
-            if self._said_done(0):  # it finished its work and failed on the way out (e.g. the exit watchdog)
-                return False
-            what = "it runs the script again and joins the running job with the parameter servers' values"
+            what = decision.reason
         else:
-            return False
-        key = str(task)
-        done = self.restarts.get(key, 0)
-        if done >= launch.max_restarts:
             return False
         self.restarts[key] = done + 1
         logger.warning("Task %s; restarting it (%d of at most %d, launch.max_restarts): %s.", proc.describe_exit(),
@@ -503,6 +510,8 @@ class LocalJob:
     def _fail(self, proc: TaskProcess, decision: FailureDecision | None = None) -> None:
         what = proc.describe_exit()
         why = f" ({decision.reason})" if decision is not None else ""
+        if str(proc.task) in self._no_restart_reason:
+            why += f"; not restarted: {self._no_restart_reason[str(proc.task)]}"
         tail = "\n".join("    " + line for line in list(proc.tail)[-15:])
         others = [k for k, p in self.tasks.items() if p.running]
         self.stop()
