@@ -46,6 +46,8 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--validation", type=int, default=1)
+    p.add_argument("--data", choices=["arrays", "repeat"], default="arrays",
+                   help="numpy arrays, or an endless shuffled tf.data pipeline with steps_per_epoch")
     p.add_argument("--tag", default="", help="marks the processes of one test (to check none outlives it)")
     p.add_argument("--hang-worker", type=int, default=-1, help="this worker hangs inside fit after epoch 1")
     args = p.parse_args()
@@ -60,7 +62,15 @@ def main():
         model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
     t0 = time.monotonic()
-    model.fit(x_train[sl], data.y_train[sl], batch_size=32, epochs=args.epochs, verbose=0,
+    if args.data == "repeat":
+        import tensorflow as tf
+
+        x, y = x_train[sl], data.y_train[sl]
+        train = dict(x=tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512, seed=strategy.worker_id).repeat()
+                     .batch(32), steps_per_epoch=len(x) // 32)
+    else:
+        train = dict(x=x_train[sl], y=data.y_train[sl], batch_size=32)
+    model.fit(**train, epochs=args.epochs, verbose=0,
               validation_data=(x_test, data.y_test) if args.validation else None,
               callbacks=[MarkLastEpoch(args.epochs), tfdist.callbacks.LeaveOnTrainEnd()]
               + ([HangAfterEpoch()] if strategy.worker_id == args.hang_worker else []))
