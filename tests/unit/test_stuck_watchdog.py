@@ -64,6 +64,23 @@ def test_steps_are_progress_even_when_the_stack_looks_the_same():
         worker.join(10)
 
 
+def test_a_hang_in_keras_code_around_fit_counts_too():
+    """The tear-down of a returning fit runs in Keras's wrapper frames, not in ``fit``'s."""
+    ns: dict = {}
+    exec(compile("def error_handler(body):\n    return body()\n", FAKE_KERAS, "exec"), ns)  # noqa: S102
+    release, reports = threading.Event(), []
+    worker = _run_in_thread(lambda: ns["error_handler"](lambda: release.wait(60)))
+    dog = _stuck.StuckTaskWatchdog(0.3, thread_id=worker.ident, poll_s=0.05, on_stuck=reports.append,
+                                   fallback=False).start()
+    try:
+        assert dog.fired.wait(30)
+    finally:
+        release.set()
+        dog.stop()
+        worker.join(10)
+    assert "inside keras error_handler()" in reports[0]
+
+
 def test_outside_keras_calls_nothing_is_watched():
     release = threading.Event()
     worker = _run_in_thread(lambda: release.wait(60))  # a script's own long wait (a barrier, an export)

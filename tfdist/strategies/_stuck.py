@@ -1,8 +1,9 @@
 """Stuck-task detection: a training task whose Keras call stops moving is reported with every thread's stack.
 
 A task process of a job (the launcher's, or one with ``TF_CONFIG``) runs a
-:class:`StuckTaskWatchdog`. While the main thread is inside Keras's
-``fit``/``evaluate``/``predict`` (or their ``*_on_batch``), a monitor thread
+:class:`StuckTaskWatchdog`. While the main thread is inside Keras (its
+``fit``/``evaluate``/``predict``, their ``*_on_batch``, and the Keras frames
+around them, so the tear-down of a returning ``fit`` counts), a monitor thread
 samples the main thread's Python stack and the process's step count (every
 step's begin op counts one) every few seconds; when neither has changed for
 ``TFDIST_STUCK_TIMEOUT_S`` seconds (default 600; 0 turns it off) there was
@@ -17,7 +18,7 @@ comes from a thread of its own, which goes on while the main thread is stuck,
 so "no heartbeat" never comes for a hang inside ``fit``; and a stuck step
 leaves nothing else that a launcher outside the process could read. Why only
 inside Keras's calls: a script may legitimately wait outside them for as long
-as it likes (a file barrier, a slow export). Every wait tfdist makes inside a
+as it likes (a file barrier, its own data preparation). Every wait tfdist makes inside a
 step is itself bounded (``ps.rpc_timeout_s``, ``ps.reconnect_timeout_s``,
 ``ps.startup_timeout_s``), so the default stays well above them.
 
@@ -45,19 +46,23 @@ logger = logging.getLogger(__name__)
 
 #: Seconds without progress inside a Keras call before a task counts as stuck.
 DEFAULT_STUCK_TIMEOUT_S = 600.0
-#: The Keras calls inside which the watchdog looks (method names of keras.Model / its Trainer).
+#: The Keras calls the watchdog names when it reports (method names of keras.Model / its Trainer).
 KERAS_CALLS = frozenset({"fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch"})
 
 
 def keras_call(frame) -> str | None:
-    """The name of the outermost Keras ``fit``/``evaluate``/``predict`` on ``frame``'s stack; None if none."""
-    found = None
+    """What Keras runs on ``frame``'s stack: the outermost ``fit``/``evaluate``/``predict``/``*_on_batch``, else
+    the outermost Keras function (the tear-down of a ``fit`` that is returning, a ``Model.save``); None if none."""
+    call = outermost = None
+    marker = f"{os.sep}keras{os.sep}"
     while frame is not None:
         code = frame.f_code
-        if code.co_name in KERAS_CALLS and f"{os.sep}keras{os.sep}" in code.co_filename:
-            found = code.co_name
+        if marker in code.co_filename:
+            outermost = code.co_name
+            if code.co_name in KERAS_CALLS:
+                call = code.co_name
         frame = frame.f_back
-    return found
+    return call or outermost
 
 
 def stack_signature(frame) -> tuple:
