@@ -9,9 +9,12 @@ first and not the second hung. ``TFDIST_STUCK_TIMEOUT_S`` is short here, so a
 hung worker writes its stacks to its log and exits instead of holding the job
 until the launcher's timeout.
 
-Not reproduced on this machine so far (see the issue's closing note for what
-ran): this test passes on the code the issue was filed against too, so it is
-a regression harness, not a failing repro. Slow (minutes per job): RUN_SLOW=1.
+Not reproduced on this machine (2 busy cores): 0 of 75 worker fits hung in
+24 such jobs on main at d31116c and on 05849a0^ (before Keras's throwaway
+build iterator was removed) — 3 or 4 workers, numpy arrays with validation or
+an endless tf.data pipeline, async and BSP, with and without
+``TFDIST_FAST_START``. So this is a regression harness, not a failing repro.
+Slow (a minute or more per job): RUN_SLOW=1.
 """
 
 import os
