@@ -48,8 +48,8 @@ def _push(client, clocks):
 def test_a_ps_on_a_full_disk_keeps_checkpointing_and_loses_at_most_one_interval(small_tmpfs):
     d = small_tmpfs(1024 * KIB)
     config = JobConfig(name="full-disk")
-    config.ps.checkpoint_dir, config.ps.checkpoint_every_steps, config.ps.checkpoint_every_s = str(d / "ckpt"), EVERY, None
-    config.ps.checkpoint_keep = 3
+    config.ps.checkpoint_dir, config.ps.checkpoint_every_s = str(d / "ckpt"), None
+    config.ps.checkpoint_every_steps, config.ps.checkpoint_keep = EVERY, 3
     with LocalCluster(workers=1, ps=1, config=config) as cluster:
         cluster.start_ps()
         with cluster.client() as client:

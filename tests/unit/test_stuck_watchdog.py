@@ -1,4 +1,4 @@
-"""Stuck-task detection (tfdist/strategies/_stuck.py): a Keras call that stops moving is reported, one that moves is not.
+"""Stuck-task detection (tfdist/strategies/_stuck.py): a Keras call that stops moving is reported, a moving one not.
 
 Threads stand in for a task's main thread; a function named ``fit`` compiled
 under a ``keras/`` path stands in for Keras's. No sockets, no TensorFlow;
