@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import subprocess
 
 import pytest
 
@@ -21,6 +22,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """``mount(size_bytes) -> path``: a fresh tmpfs of that size (a small disk to fill), unmounted afterwards.
+
+    Root only (``mount``); the test is skipped elsewhere.
+    """
+    mounted = []
+
+    def mount(size_bytes: int) -> pathlib.Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a small tmpfs needs root")
+        target = tmp_path / f"tmpfs-{len(mounted)}"
+        target.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(target)],
+                              capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(target)
+        return target
+
+    yield mount
+    for target in reversed(mounted):
+        subprocess.run(["umount", "-l", str(target)], capture_output=True, timeout=30)
 
 
 @pytest.fixture

@@ -733,11 +733,15 @@ class LaunchConfig:
             when ``ps.checkpoint_dir`` is set; workers reconnect within
             ``ps.reconnect_timeout_s``). Defaults to ``True``.
         restart_chief: A local launch of a parameter-server job starts the
-            chief (worker 0) again when it dies: the new process runs the
-            script from its start and joins the running job (it loads the
-            job's values from the parameter servers instead of initialising
-            them). Defaults to ``True``. Elastic jobs and jobs without
-            parameter servers never restart it.
+            chief (worker 0) again when it is killed (a signal): the new
+            process runs the script from its start and joins the running job
+            (it loads the job's values from the parameter servers instead of
+            initialising them). A chief that ends by itself with an error (a
+            Python exception, exit codes 1-127) is not restarted: its error
+            is the job's result (see
+            :func:`tfdist.cluster.failure.decide_chief_restart`). Defaults to
+            ``True``. Elastic jobs and jobs without parameter servers never
+            restart it.
         max_restarts: Restarts allowed per task (each PS task, the chief)
             before a death stops the job. Defaults to 3.
     """

@@ -34,3 +34,7 @@ ENV_WARMUP_BATCHES = "TFDIST_WARMUP_BATCHES"
 
 #: Seconds a task process may take to shut down after its script ended before it exits 1 (0: no bound).
 ENV_EXIT_TIMEOUT_S = "TFDIST_EXIT_TIMEOUT_S"
+
+#: Seconds a task's Keras fit/evaluate/predict may go without progress before the task reports its stacks and
+#: exits 1 (default 600; 0: never). See tfdist/strategies/_stuck.py.
+ENV_STUCK_TIMEOUT_S = "TFDIST_STUCK_TIMEOUT_S"

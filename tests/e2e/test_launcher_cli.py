@@ -89,6 +89,55 @@ def test_an_async_job_goes_on_without_a_failed_worker_and_exits_0(tmp_path):
     print(f"job with a failed worker: {time.monotonic() - t0:.1f} s")
 
 
+def test_a_chief_that_raises_mid_fit_is_not_restarted_and_the_launcher_says_why(tmp_path):
+    """README "Failures": a chief that ended by itself with an error (a Python exception: exit 1) is the job's
+    result; only a killed chief is started again (the next test)."""
+    tag = f"chief-raises-{os.getpid()}-{time.time_ns()}"
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _launch(["--config", "configs/local_async.yaml", "--log-dir", str(tmp_path / "logs"), SCRIPT,
+                 "--out", str(out), "--epochs", "50", "--crash-after-epochs", "1", "--crash-worker", "0",
+                 "--crash-how", "raise", "--tag", tag], timeout=300)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "worker:0 exited with code 1" in r.stderr and "crashing on purpose in the middle of fit" in r.stderr
+    assert "not restarted: it ended by itself with exit code 1" in r.stderr, r.stderr[-3000:]
+    assert "restarting it" not in r.stderr
+    assert _tagged(tag) == []
+
+
+def test_a_killed_chief_is_restarted_by_the_launcher_and_the_job_ends_0(tmp_path):
+    tag = f"chief-killed-{os.getpid()}-{time.time_ns()}"
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _launch(["--config", "configs/local_async.yaml", "--log-dir", str(tmp_path / "logs"), SCRIPT,
+                 "--out", str(out), "--epochs", "2", "--crash-after-epochs", "1", "--crash-worker", "0",
+                 "--crash-how", "sigkill", "--crash-once", "--tag", tag], timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "worker:0 was killed by SIGKILL; restarting it (1 of at most 3" in r.stderr, r.stderr[-3000:]
+    assert (out / "crashed-0").exists() and json.loads((out / "worker-0.json").read_text())["is_chief"]
+    assert _tagged(tag) == []
+
+
+def test_a_task_stuck_inside_fit_is_reported_with_its_stack_and_the_job_ends(tmp_path):
+    """A job never runs forever by default (issue 27): the chief hangs in a callback inside fit; its stuck-task
+    watchdog (TFDIST_STUCK_TIMEOUT_S, here 5 s instead of 600) logs it with every thread's stack and exits 1."""
+    tag = f"stuck-{os.getpid()}-{time.time_ns()}"
+    out = tmp_path / "out"
+    out.mkdir()
+    cfg = tmp_path / "stuck.yaml"
+    cfg.write_text("name: stuck\ncluster: {ps: 1, worker: 2}\nstrategy: {consistency: async}\n"
+                   "launch: {env: {TFDIST_STUCK_TIMEOUT_S: '5'}}\n")
+    script = os.path.join(ROOT, "tests", "integration", "scripts", "fit_end_worker.py")
+    r = _launch(["--config", str(cfg), "--log-dir", str(tmp_path / "logs"), script, "--out", str(out),
+                 "--epochs", "3", "--hang-worker", "0", "--tag", tag], timeout=300)
+    log = (tmp_path / "logs" / "worker-0.log").read_text()
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "worker:0 exited with code 1" in r.stderr, r.stderr[-3000:]
+    assert "made no progress inside keras fit() for" in log and "it is stuck" in log, log[-3000:]
+    assert "in on_epoch_end" in log and "fit_end_worker.py" in log  # the stack shows where it hung
+    assert _tagged(tag) == []
+
+
 def test_ctrl_c_stops_every_task(tmp_path):
     tag = f"sigint-{os.getpid()}-{time.time_ns()}"
     out = tmp_path / "out"

@@ -115,13 +115,20 @@ def test_a_chief_failing_after_the_ps_ended_the_job_is_not_restarted_and_the_job
     assert _runs(tmp_path) == ["worker:0 done-then-fail"]
 
 
-def test_a_chief_that_crashed_before_saying_done_is_restarted(tmp_path):
-    """The counterpart: the PS tasks still serve the job, so the chief is started again (launch.max_restarts)."""
-    r = subprocess.run(_argv(tmp_path, "crash", max_restarts=1), cwd=ROOT, env=_env(), capture_output=True,
+def test_a_chief_killed_before_saying_done_is_restarted(tmp_path):
+    """The counterpart: the PS tasks still serve the job, so a chief killed by a signal is started again
+    (launch.max_restarts); one that ended by itself with an error is not (decide_chief_restart)."""
+    r = subprocess.run(_argv(tmp_path, "killed", max_restarts=1), cwd=ROOT, env=_env(), capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "restarting it (1 of at most 1" in r.stderr, r.stderr[-3000:]
-    assert _runs(tmp_path) == ["worker:0 crash"] * 2
+    assert _runs(tmp_path) == ["worker:0 killed"] * 2
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    r = subprocess.run(_argv(crashed, "crash", max_restarts=1), cwd=ROOT, env=_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and "not restarted: it ended by itself with exit code 1" in r.stderr, r.stderr[-3000:]
+    assert _runs(crashed) == ["worker:0 crash"]
 
 
 def test_a_ps_task_stopped_by_sigterm_is_started_again(tmp_path):

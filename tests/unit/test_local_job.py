@@ -168,6 +168,43 @@ def test_wait_stops_the_job_when_the_chief_dies_after_a_tolerated_worker():
         job.wait(timeout=5, poll_s=0.01)
 
 
+# ------------------------------------------------------------------------ launch.restart_chief
+from tfdist.cluster.failure import decide_chief_restart  # noqa: E402
+
+
+@pytest.mark.parametrize("code", [-9, -11, -6, 137, 143])
+def test_a_killed_chief_is_restarted(code):
+    decision = decide_chief_restart(_config(), code, said_done=False, restarts=0)
+    assert decision.restart and "killed" in decision.reason, decision
+
+
+@pytest.mark.parametrize("code", [1, 2, 3, 127])
+def test_a_chief_that_ended_with_an_error_is_not_restarted_and_says_why(code):
+    decision = decide_chief_restart(_config(), code, said_done=False, restarts=0)
+    assert not decision.restart
+    assert f"exit code {code}" in decision.reason and "Python exception" in decision.reason
+    assert "launch.restart_chief" in decision.reason
+
+
+def test_a_chief_is_not_restarted_when_done_past_its_restarts_or_where_it_cannot_rejoin():
+    assert "finished" in decide_chief_restart(_config(), -9, said_done=True, restarts=0).reason
+    past = decide_chief_restart(_config(), -9, said_done=False, restarts=3)
+    assert not past.restart and "launch.max_restarts=3" in past.reason
+    off = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 2}, "launch": {"restart_chief": False}})
+    assert not decide_chief_restart(off, -9, False, 0).restart
+    assert not decide_chief_restart(_config(ps=0), -9, False, 0).restart
+    elastic = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 2}, "elastic": {"min_workers": 1, "max_workers": 2}})
+    assert not decide_chief_restart(elastic, -9, False, 0).restart
+
+
+def test_wait_stops_the_job_for_a_chief_that_raised_and_says_why_it_was_not_restarted():
+    w0, w1 = FakeTask("worker", 0, code=1), FakeTask("worker", 1)
+    job = job_of(_config(), FakeTask("ps", 0), w0, w1)
+    with pytest.raises(LaunchError, match=r"(?s)worker:0 exited with code 1.*not restarted: it ended by itself"):
+        job.wait(timeout=5, poll_s=0.01)
+    assert job.restarts == {} and w1.signals
+
+
 def test_wait_names_the_setting_whose_time_ran_out():
     job = job_of(_config(), FakeTask("ps", 0), FakeTask("worker", 0), FakeTask("worker", 1))
     with pytest.raises(LaunchError, match=r"within 0.05 s \(--timeout\)"):
@@ -268,9 +305,9 @@ def test_a_worker_that_said_done_and_then_failed_is_not_restarted_while_the_othe
     assert "it had told the parameter servers it was done" in caplog.text
 
 
-def test_a_chief_that_crashed_before_saying_done_is_restarted():
+def test_a_chief_killed_before_saying_done_is_restarted():
     config = _config("async", workers=2)
-    ps, w0, w1 = FakeTask("ps", 0), FakeTask("worker", 0, code=1), FakeTask("worker", 1, code=0)
+    ps, w0, w1 = FakeTask("ps", 0), FakeTask("worker", 0, code=-9), FakeTask("worker", 1, code=0)
     job = job_of(config, ps, w0, w1)
     job._said_done = lambda worker: False
     started = []

@@ -1,5 +1,8 @@
 """What a job does when a training worker dies: one pure decision per death (``launch.on_worker_failure``).
 
+(:func:`decide_chief_restart` decides, before that, whether a dead chief is
+started again: ``launch.restart_chief``.)
+
 The launcher's watch loop (:meth:`tfdist.cluster.local.LocalJob.wait`) and the
 elastic engine (:class:`tfdist.elastic.ElasticEngine`) both ask
 :func:`decide_worker_failure` and carry the answer out: on ``CONTINUE`` they
@@ -35,7 +38,7 @@ from typing import Iterable
 
 from tfdist.config import JobConfig
 
-__all__ = ["FailureAction", "FailureDecision", "decide_worker_failure"]
+__all__ = ["FailureAction", "FailureDecision", "RestartDecision", "decide_chief_restart", "decide_worker_failure"]
 
 class FailureAction(str, enum.Enum):
     """What to do about a worker that died."""
@@ -103,3 +106,71 @@ def decide_worker_failure(config: JobConfig, worker: int, failed: Iterable[int] 
         FailureAction.STOP,
         f"{why} ({setting}; lower strategy.replicas_to_aggregate to keep going with fewer workers)",
     )
+
+
+@dataclass(frozen=True)
+class RestartDecision:
+    """Whether a dead chief is started again, and why (the reason ends up in the log or the error)."""
+
+    restart: bool
+    reason: str
+
+
+#: Exit codes from 128 up are how a shell (or a container runtime) reports a process killed by signal code-128.
+_SIGNAL_EXIT_CODES = range(128, 256)
+
+
+def decide_chief_restart(config: JobConfig, exit_code: int, said_done: bool, restarts: int) -> RestartDecision:
+    """Decides whether the launcher starts a chief that exited non-zero again (``launch.restart_chief``).
+
+    The rule is the one of Kubeflow's ``restartPolicy: ExitCode``: a chief
+    that was *killed* (a signal: SIGKILL, the OOM killer, a crash such as
+    SIGSEGV or SIGABRT; a negative exit code, or 128 + the signal from a shell)
+    is started again; its script runs from the start and joins the running
+    job. A chief that *ended by itself* with an error (a Python exception
+    reaching the top — exit 1 —, ``sys.exit(n)``, ``os._exit(n)``: codes 1 to
+    127) is not: its script ran into that error and would run into it again
+    (with ``launch.max_restarts`` tries, a bug would cost that many re-runs
+    before the job reports it); its error is the job's result. Neither is a
+    chief that said it was done (it finished training and failed on its way
+    out, e.g. the exit watchdog), nor one past ``launch.max_restarts``.
+
+    Args:
+        config: The job (``launch.restart_chief``, ``launch.max_restarts``,
+            ``cluster.ps``, ``elastic``).
+        exit_code: The process's exit status (negative: killed by that signal).
+        said_done: Whether the parameter servers report the chief done.
+        restarts: Restarts of the chief so far.
+
+    Returns:
+        A :class:`RestartDecision`; pure: same arguments, same answer.
+
+    Example:
+
+    >>> cfg = JobConfig.from_dict({"cluster": {"ps": 1, "worker": 2}})
+    >>> decide_chief_restart(cfg, -9, said_done=False, restarts=0).restart
+    True
+    >>> decide_chief_restart(cfg, 1, said_done=False, restarts=0).restart
+    False
+    """
+    launch = config.launch
+    if not launch.restart_chief:
+        return RestartDecision(False, "launch.restart_chief is false")
+    if not config.cluster.ps:
+        return RestartDecision(False, "a job without parameter servers has no running job a new chief could join")
+    if config.elastic.enabled:
+        return RestartDecision(False, "the elastic engine handles an elastic job's workers")
+    if said_done:
+        return RestartDecision(False, "it had finished its training (the parameter servers report it done) and "
+                                      "failed on its way out")
+    killed = exit_code < 0 or exit_code in _SIGNAL_EXIT_CODES
+    if not killed:
+        return RestartDecision(False, f"it ended by itself with exit code {exit_code} (a Python exception, "
+                                      "sys.exit or os._exit): its script would run into the same error again. "
+                                      "launch.restart_chief restarts a chief that was killed (a signal: SIGKILL, "
+                                      "the OOM killer, a crash); fix the error and launch again")
+    if restarts >= launch.max_restarts:
+        return RestartDecision(False, f"it was restarted {restarts} time(s) already (launch.max_restarts="
+                                      f"{launch.max_restarts})")
+    return RestartDecision(True, "it was killed; it runs the script again and joins the running job with the "
+                                 "parameter servers' values")

@@ -16,7 +16,7 @@ import time
 from typing import IO, Sequence
 
 from tfdist import constants, exit_status
-from tfdist.cluster.failure import FailureDecision, decide_worker_failure
+from tfdist.cluster.failure import FailureDecision, decide_chief_restart, decide_worker_failure
 from tfdist.cluster.process import TaskProcess
 from tfdist.config import JOB_NAMES, UNASSIGNED, ClusterConfig, JobConfig, TaskSpec
 from tfdist.errors import ConfigError, LaunchError, TaskConfigError, TfdistError
@@ -274,6 +274,8 @@ class LocalJob:
         #: Training tasks that exited non-zero after their work was done (they had said ``Done``, or the PS
         #: tasks had ended the job): the job counts them as finished, not failed, and never restarts them.
         self.finished_with_error: list[TaskSpec] = []
+        #: Why a dead chief was not restarted (``decide_chief_restart``), for the error that stops the job.
+        self._no_restart_reason: dict[str, str] = {}
         #: TF intra-op threads per training task (``launch.threads_per_task``); None: TF's default.
         self.threads_per_task = local_threads_per_task(self.config)
         if self.threads_per_task is not None and "TF_NUM_INTRAOP_THREADS" not in {**os.environ, **self.config.launch.env}:
@@ -435,27 +437,30 @@ class LocalJob:
             time.sleep(poll_s)
 
     def _restart(self, proc: TaskProcess) -> bool:
-        """Starts a dead PS task or chief again (``launch.restart_ps``/``restart_chief``); False when it may not be."""
+        """Starts a dead PS task or chief again (``launch.restart_ps``/``restart_chief``); False when it may not be.
+
+        A chief that is not restarted leaves the reason in
+        :attr:`_no_restart_reason` for the error that stops the job.
+        """
         launch, cluster = self.config.launch, self.config.cluster
         task = proc.task
+        key = str(task)
+        done = self.restarts.get(key, 0)
         if task.job == "ps":
-            if not launch.restart_ps:
+            if not launch.restart_ps or done >= launch.max_restarts:
                 return False
             what = (f"it restores its newest checkpoint from {self.config.ps.checkpoint_dir}"
                     if self.config.ps.checkpoint_dir else
                     "no ps.checkpoint_dir: the chief initialises it again from its current values")
             what += f"; workers reconnect within ps.reconnect_timeout_s={self.config.ps.reconnect_timeout_s:g} s"
         elif task.job in TRAINING_JOBS and cluster.worker_id(task.job, task.index) == 0:
-            if not (launch.restart_chief and cluster.ps and not self.config.elastic.enabled):
+            # (A chief that finished its work was counted as finished before: wait() asks that first.)
+            decision = decide_chief_restart(self.config, proc.poll(), False, done)
+            if not decision.restart:
+                self._no_restart_reason[key] = decision.reason
                 return False
-            if self._finished_its_work(task):  # it said Done, or the PS tasks ended the job: nothing to rejoin
-                return False
-            what = "it runs the script again and joins the running job with the parameter servers' values"
+            what = decision.reason
         else:
-            return False
-        key = str(task)
-        done = self.restarts.get(key, 0)
-        if done >= launch.max_restarts:
             return False
         self.restarts[key] = done + 1
         logger.warning("Task %s; restarting it (%d of at most %d, launch.max_restarts): %s.", proc.describe_exit(),
@@ -539,6 +544,8 @@ class LocalJob:
             why = (f" (exit code {exit_status.EXIT_CONFIG_ERROR}: its script or config raised a ConfigError, which "
                    "fails the same way every time, so it is not restarted; fix what its last lines name and launch "
                    "again)")
+        elif str(proc.task) in self._no_restart_reason:
+            why += f"; not restarted: {self._no_restart_reason[str(proc.task)]}"
         tail = "\n".join("    " + line for line in list(proc.tail)[-15:])
         others = [k for k, p in self.tasks.items() if p.running]
         self.stop()

@@ -34,6 +34,7 @@ from tfdist.errors import ConfigError
 from tfdist.strategies._input_context import with_input_context, worker_input_context
 from tfdist.strategies._ps_runtime import STAT_NAMES, GradientPathRuntime, PSRuntime
 from tfdist.strategies._steps import StepExtended
+from tfdist.strategies._stuck import note_progress
 
 __all__ = ["ParameterServerExtended"]
 
@@ -126,6 +127,7 @@ class ParameterServerExtended(StepExtended):
         trace = {"training": False}  # known once fn is traced; read when the step runs
 
         def begin():
+            note_progress()
             runtime.begin_step(trace["training"])
             return np.int64(0)
 

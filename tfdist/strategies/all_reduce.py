@@ -45,6 +45,7 @@ from tfdist.errors import ConfigError
 from tfdist.strategies._derived_state import DerivedStateLayers
 from tfdist.strategies._input_context import with_input_context, worker_input_context
 from tfdist.strategies._steps import StepExtended
+from tfdist.strategies._stuck import note_progress, start_stuck_task_watchdog
 from tfdist.straggler.membership import Participation, StragglerEngine
 from tfdist.slowdown import ENV_SLOWDOWN, Slowdown, slowdown_from_env
 
@@ -281,8 +282,11 @@ class AllReduceExtended(StepExtended):
             )
         runtime = self._runtime
         trace = {"training": False}  # known once fn has been traced; read when the step runs
-        member = tf.py_function(lambda: runtime.begin_step(trace["training"]), [], tf.bool,
-                                name="tfdist_begin_step")
+        def begin():
+            note_progress()
+            return runtime.begin_step(trace["training"])
+
+        member = tf.py_function(begin, [], tf.bool, name="tfdist_begin_step")
         member = tf.ensure_shape(member, [])
         self._tracing_training_step = False
         traced: dict[str, Any] = {}
@@ -400,6 +404,8 @@ class AllReduceStrategy(StrategyBase):
                                           timeout_s if timeout_s is not None else group.timeout_s or DEFAULT_TIMEOUT_S)
         super().__init__(AllReduceExtended(self, self._runtime))
         build_from_element_spec(self)  # no throwaway iterator in Keras's build (a SIGSEGV in TF 2.21 at times)
+        if group.size > 1:  # a job's task: a hang inside fit ends the task with its stacks, not never
+            start_stuck_task_watchdog()
         logger.info("AllReduceStrategy: worker %d of %d, exclude_stragglers=%s, timeout_s=%g, slowdown=%s",
                     group.worker_id, group.size, exclude_stragglers, self._runtime.timeout_s, slowdown)
 

@@ -44,6 +44,7 @@ from tfdist.straggler.membership import StragglerEngine
 from tfdist.strategies._job_logs import install_job_epoch_logs
 from tfdist.strategies._ps_extended import ParameterServerExtended, install_plain_batch_results
 from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter, make_runtime
+from tfdist.strategies._stuck import start_stuck_task_watchdog, stop_stuck_task_watchdog
 from tfdist.strategies._tables import install_resident_embeddings
 
 __all__ = ["ParameterServerStrategy", "SyncReplicasStrategy", "BSPStrategy", "SSPStrategy", "DTSSPStrategy",
@@ -173,6 +174,8 @@ class ParameterServerStrategy(StrategyBase):
         # Keras builds from the dataset's element spec: no throwaway iterator (a SIGSEGV in TF 2.21 at times).
         build_from_element_spec(self)
         atexit.register(self._at_exit)
+        if self._task_process:  # a job's task: a hang inside fit ends the task with its stacks, not never
+            start_stuck_task_watchdog()
         logger.info(
             "%s: task=%s worker_id=%d workers=%d ps=%s consistency=%s placement=%s",
             type(self).__name__,
@@ -462,6 +465,7 @@ def _arm_exit_watchdog() -> None:
     """
     import faulthandler
 
+    stop_stuck_task_watchdog()  # faulthandler has one timer: from here on it bounds the exit
     seconds = float(os.environ.get(constants.ENV_EXIT_TIMEOUT_S, "20") or 0)
     if seconds > 0:
         faulthandler.dump_traceback_later(seconds, exit=True)

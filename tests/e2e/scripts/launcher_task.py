@@ -52,6 +52,10 @@ def main():
         return 1
     if args.mode == "crash":
         return 1
+    if args.mode == "killed":  # a crash the launcher restarts: a signal (the OOM killer, SIGSEGV, SIGKILL)
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
     raise SystemExit(f"unknown mode {args.mode!r}")
 
 

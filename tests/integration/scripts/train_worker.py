@@ -1,12 +1,14 @@
 """Worker script for integration tests: trains, evaluates, predicts, reports JSON.
 
 Usage: train_worker.py --out DIR [--model cnn|embed_bn] [--epochs N] [--save-weights F]
-       [--load-weights F] [--save-model F] [--crash-after-epochs N] [--tag T]
+       [--load-weights F] [--save-model F] [--crash-after-epochs N] [--crash-how exit|raise|sigkill]
+       [--crash-once] [--tag T]
 """
 
 import argparse
 import json
 import os
+import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -43,14 +45,24 @@ def make_model(kind, num_classes=10):
 
 
 class CrashAfter(keras.callbacks.Callback):
-    def __init__(self, epochs):
+    """Ends the process after ``epochs`` epochs: ``exit`` (os._exit(3)), ``raise`` (an exception out of fit:
+    exit 1) or ``sigkill``; with ``once_file``, only the first time (the file marks that it happened)."""
+
+    def __init__(self, epochs, how="exit", once_file=None):
         super().__init__()
-        self.epochs = epochs
+        self.epochs, self.how, self.once_file = epochs, how, once_file
 
     def on_epoch_end(self, epoch, logs=None):
-        if epoch + 1 >= self.epochs:
-            print("crashing on purpose", flush=True)
-            os._exit(3)
+        if epoch + 1 < self.epochs or (self.once_file and os.path.exists(self.once_file)):
+            return
+        if self.once_file:
+            open(self.once_file, "w").close()
+        print(f"crashing on purpose ({self.how})", flush=True)
+        if self.how == "raise":
+            raise RuntimeError("crashing on purpose in the middle of fit")
+        if self.how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(3)
 
 
 def main():
@@ -64,6 +76,8 @@ def main():
     p.add_argument("--save-model")
     p.add_argument("--crash-after-epochs", type=int)
     p.add_argument("--crash-worker", type=int, default=-1)
+    p.add_argument("--crash-how", choices=["exit", "raise", "sigkill"], default="exit")
+    p.add_argument("--crash-once", action="store_true", help="crash only the first run (a marker file in --out)")
     p.add_argument("--tag", default="")
     p.add_argument("--barrier", action="store_true",
                    help="after fit, wait (bounded) until every worker's updates have landed, then pull and evaluate")
@@ -88,7 +102,8 @@ def main():
     result["initial_eval"] = model.evaluate(x_test, data.y_test, batch_size=len(x_test), verbose=0)
     callbacks = []
     if args.crash_after_epochs and strategy.worker_id == args.crash_worker:
-        callbacks.append(CrashAfter(args.crash_after_epochs))
+        once = os.path.join(args.out, f"crashed-{strategy.worker_id}") if args.crash_once else None
+        callbacks.append(CrashAfter(args.crash_after_epochs, args.crash_how, once))
     if args.epochs:
         hist = model.fit(x_train[sl], data.y_train[sl], batch_size=32, epochs=args.epochs, verbose=2,
                          callbacks=callbacks)
