@@ -119,7 +119,7 @@ TYPED = {
     "undrain": st.lists(st.integers(0, NUM_WORKERS), unique=True, max_size=2),
     "gone": st.lists(st.integers(0, NUM_WORKERS + 1), unique=True, max_size=2),
     "total_batches": st.integers(0, 5), "brief": st.booleans(), "reset": st.booleans(),
-    "at_step": st.integers(0, 4), "incarnation": st.integers(0, 3), "epoch": st.integers(0, 3),
+    "at_step": st.integers(0, 4), "incarnation": st.integers(0, 3), "epoch": st.integers(0, 3), "joined": st.booleans(),
     "logs": st.dictionaries(st.sampled_from(["loss", "accuracy", "val_loss"]), st.floats(-5, 5), max_size=3),
     "key": st.sampled_from(["t", "a", "zzz"]), "learning_rate": st.floats(0, 1),
     "sparse": st.lists(st.sampled_from(["a", "b", "zzz"]), unique=True, max_size=2),
@@ -134,7 +134,7 @@ MALFORMED = {
     "policy": policy_spec, "num_workers": count, "nonfinite": garbage, "excluded": id_list, "drain": id_list,
     "undrain": id_list, "gone": id_list, "total_batches": count, "brief": garbage, "reset": garbage, "at_step": count, "incarnation": count, "sparse": key_list, "also": key_list,
     "key": garbage, "learning_rate": garbage, "tables": garbage,
-    "epoch": count, "logs": st.one_of(garbage, st.just({"loss": float("nan")}), st.just({"loss": 10**400}),
+    "epoch": count, "joined": garbage, "logs": st.one_of(garbage, st.just({"loss": float("nan")}), st.just({"loss": 10**400}),
                                       st.just({"": 1.0}), st.just({"loss": True})),
 }
 METHOD_FIELDS = {
@@ -150,7 +150,7 @@ METHOD_FIELDS = {
     "Lookup": ["worker", "key", "clock", "also"],
     "PushRows": ["worker", "key", "learning_rate", "step", "incarnation", "also"],
     "WriteRows": ["worker", "key", "incarnation"],
-    "EpochLogs": ["worker", "epoch", "logs"],
+    "EpochLogs": ["worker", "epoch", "logs", "joined"],
 }
 assert set(METHOD_FIELDS) == set(METHODS)
 #: Fields a method's parser requires (drawn always, so most requests reach the store).

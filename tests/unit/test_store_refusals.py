@@ -349,3 +349,44 @@ def test_replies_keep_zeros_on_the_wire():
     pull = PullReply(1, 0, 0, 5, min_clock=0, staleness=0, clock=0)
     again = PullReply.parse(pull.to_wire()[0])
     assert (again.staleness, again.min_clock, again.clock) == (0, 0, 0)
+
+
+def test_sync_replicas_epoch_logs_need_the_first_m_reports_and_late_ones_get_the_same_answer():
+    """A slow backup must not hold the others at an epoch end (SyncReplicas 1 of 2)."""
+    store = make(SyncReplicasPolicy(1, num_workers=2), max_wait_s=5.0)
+    first = call(store, "EpochLogs", worker=0, epoch=0, logs={"loss": 1.0})[0]
+    late = call(store, "EpochLogs", worker=1, epoch=0, logs={"loss": 9.0})[0]
+    assert first == late == {"logs": {"loss": 1.0}, "workers": [0], "epoch": 0}
+
+
+def test_a_worker_waiting_at_an_epoch_end_does_not_hold_the_gradient_barrier():
+    """BSP, uneven epochs: worker 0 waits for worker 1's logs while worker 1 still has a batch; its gradient
+    completes the step instead of waiting for worker 0 (which waits for it): no deadlock."""
+    from tfdist.consistency.sync_replicas import BSPPolicy
+
+    store = make(BSPPolicy(2), max_wait_s=5.0)
+    done = {}
+
+    def epoch_end():
+        done["logs"] = call(store, "EpochLogs", worker=0, epoch=0, logs={"loss": 1.0})[0]
+
+    t = threading.Thread(target=epoch_end)
+    t.start()
+    deadline = time.monotonic() + 5
+    while not store.state()["epoch_reports"] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    reply = call(store, "PushGradients", {"b": np.ones(3, np.float32)}, worker=1, step=0, timeout=5.0)[0]
+    assert not reply["dropped"] and reply["global_step"] == 1  # completed by worker 1 alone
+    call(store, "EpochLogs", worker=1, epoch=0, logs={"loss": 3.0})
+    t.join(10)
+    assert done["logs"]["logs"] == {"loss": 2.0}
+
+
+def test_a_worker_that_joined_a_running_job_reports_for_the_jobs_epoch():
+    store = make(SyncReplicasPolicy(1, num_workers=2), max_wait_s=1.0)
+    for epoch in range(3):
+        call(store, "EpochLogs", worker=0, epoch=epoch, logs={"loss": 1.0})
+    joined = call(store, "EpochLogs", worker=1, epoch=0, logs={"loss": 5.0}, joined=True)[0]
+    assert joined["epoch"] == 3 and joined["logs"] == {"loss": 5.0}
+    again = call(store, "EpochLogs", worker=0, epoch=1, logs={"loss": 7.0})[0]  # restarted: the epoch after its 2
+    assert again["epoch"] == 3 and again["logs"] == {"loss": 5.0}  # epoch 3 is answered already: the same answer

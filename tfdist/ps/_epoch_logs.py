@@ -6,14 +6,21 @@ callback that acts on the epoch logs (``ReduceLROnPlateau(monitor="loss")``,
 the shared gradient with different rates and drift apart. Keras reduces the
 logs across workers under MultiWorkerMirroredStrategy; here PS task 0 does:
 each worker reports its logs at the end of its ``n``-th epoch and gets back
-the mean of every entry over the workers that reported it, once every live
-worker (detected stragglers aside) has reported. The same answer is kept for
-a worker that reports late (the last :data:`EPOCHS_KEPT` epochs).
+the mean of every entry over the workers that reported it, once as many
+workers reported as a step of the mode aggregates (the policy's
+``required``: BSP every live worker, SyncReplicas the first ``M``, so a slow
+backup never holds the others at an epoch end). A worker that reports after
+that (a backup, a straggler) gets the same answer (kept for the last
+:data:`EPOCHS_KEPT` epochs), so callbacks decide alike on every worker.
+
+While a worker waits here it sends no gradient: the gradient barrier does not
+wait for it (:meth:`EpochLogBarrier.waiting`), so a worker with more batches
+in its epoch finishes them instead of waiting for workers that wait for it.
 
 Epochs are counted by each worker from its session's start. A worker whose
 count goes back (its process restarted and runs its script again) is told
 the epoch the job is at: its report counts for the epoch after its last one
-(or, for a worker new to a job past its first epoch, the oldest epoch still
+(or, for a worker that joined a running job, the oldest epoch still
 collecting reports), and the reply names that epoch so it counts on from
 there.
 
@@ -24,7 +31,7 @@ again). Every method runs with the store's lock held.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from tfdist.ps._waits import Wait
 
@@ -45,27 +52,35 @@ class EpochLogBarrier:
         #: worker -> the last epoch it reported
         self.last_reported: dict[int, int] = {}
 
-    def report(self, worker: int, epoch: int, logs: Mapping[str, float]) -> int:
-        """Records a report; returns the epoch it counts for (see the module's docstring)."""
+    def report(self, worker: int, epoch: int, logs: Mapping[str, float], joined: bool = False) -> int:
+        """Records a report; returns the epoch it counts for (see the module's docstring).
+
+        ``joined``: the worker joined a running job (it counts its epochs from
+        0, the job does not): its first report counts for the epoch the job is at.
+        """
         last = self.last_reported.get(worker)
         if last is not None and epoch <= last:  # a new session of this worker: it counts again from 0
             epoch = last + 1
-        elif last is None and epoch == 0 and (self.answers or self.reports):  # new to a running job
+        elif last is None and joined and (self.answers or self.reports):  # new to a running job
             epoch = min(self.reports) if self.reports else max(self.answers) + 1
         self.last_reported[worker] = epoch
         if epoch not in self.answers:
             self.reports.setdefault(epoch, {})[worker] = dict(logs)
         return epoch
 
-    def decide(self, epoch: int, awaited: frozenset[int]) -> Wait:
-        """Go once the epoch has its answer (completing it when every awaited worker reported)."""
+    def waiting(self) -> frozenset[int]:
+        """Workers waiting for an epoch's answer (they send no gradient meanwhile)."""
+        return frozenset(w for reports in self.reports.values() for w in reports)
+
+    def decide(self, epoch: int, required: Callable[[frozenset[int]], int]) -> Wait:
+        """Go once the epoch has its answer (completing it once ``required(reporters)`` workers reported)."""
         if epoch in self.answers:
             return Wait(False, "")
         reported = self.reports.get(epoch, {})
-        missing = sorted(awaited - set(reported))
-        if missing:
-            return Wait(True, f"epoch {epoch}'s logs have come from workers {sorted(reported)}; waiting for the "
-                              f"other live workers {missing}")
+        need = required(frozenset(reported))
+        if len(reported) < need:
+            return Wait(True, f"epoch {epoch}'s logs have come from workers {sorted(reported)}; the job's logs "
+                              f"need {need} worker(s)")
         self.answers[epoch] = (_mean(reported), tuple(sorted(reported)))
         del self.reports[epoch]
         for old in [e for e in self.answers if e <= epoch - EPOCHS_KEPT]:

@@ -102,9 +102,10 @@ class GradientPathRequests:
         with self._cond:
             self._check_worker_request(req.worker, None, "gradient")
             self._touch(req.worker)
-            epoch = self.epoch_logs_barrier.report(req.worker, req.epoch, req.logs)
+            epoch = self.epoch_logs_barrier.report(req.worker, req.epoch, req.logs, req.joined)
             self._cond.notify_all()
-            self.waits.wait_for(lambda: self.epoch_logs_barrier.decide(epoch, self._ctx().awaited), timeout,
+            self.waits.wait_for(lambda: self.epoch_logs_barrier.decide(
+                epoch, lambda reported: self.policy.required(reported, self.members.context())), timeout,
                                 f"share epoch {epoch}'s logs (this worker's logs are counted)", cancelled,
                                 counted=False)
             logs, workers = self.epoch_logs_barrier.answer(epoch)

@@ -154,9 +154,11 @@ class Membership:
                      if w not in self.last_seen and w not in self.done_workers and w not in self.left_workers}
         return frozenset(live)
 
-    def context(self) -> PolicyContext:
+    def context(self, not_awaited: frozenset[int] = frozenset()) -> PolicyContext:
+        """What the policy is told: the time, the live workers, those barriers do not wait for (detected
+        stragglers, and ``not_awaited``)."""
         live = self.live()
-        return PolicyContext(self.time(), live, frozenset(self.excluded & live))
+        return PolicyContext(self.time(), live, frozenset((self.excluded | not_awaited) & live))
 
     def count_batch(self, worker: int, steps: int = 1) -> None:
         if worker >= 0:

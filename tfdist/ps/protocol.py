@@ -924,9 +924,14 @@ class EpochLogsRequest:
     worker: int
     epoch: int
     logs: Mapping[str, float]
+    #: The worker joined a running job (its first report counts for the job's epoch).
+    joined: bool = False
 
     def to_wire(self):
-        return {"worker": self.worker, "epoch": self.epoch, "logs": dict(self.logs)}, {}
+        meta = {"worker": self.worker, "epoch": self.epoch, "logs": dict(self.logs)}
+        if self.joined:
+            meta["joined"] = True
+        return meta, {}
 
     @classmethod
     def parse(cls, f: _Fields, tensors):
@@ -939,7 +944,8 @@ class EpochLogsRequest:
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not -MAX_LOSS <= value <= MAX_LOSS or not math.isfinite(value):
                 raise f._fail(f"logs.{name}", value, "a finite number")
-        return cls(f.worker(), f.int("epoch", 0, MAX_COUNT), {k: float(v) for k, v in logs.items()})
+        return cls(f.worker(), f.int("epoch", 0, MAX_COUNT), {k: float(v) for k, v in logs.items()},
+                   f.flag("joined", False))
 
 
 _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {

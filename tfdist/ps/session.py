@@ -860,6 +860,8 @@ class GradientSession(WorkerSession):
     def __init__(self, *args, checkpoint_every_s: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._write_state_on: list[int] = []
+        #: It joined a job already past its first step (its epochs are counted from there: ``job_epoch_logs``).
+        self._joined_running_job = False
         self._resync_at_end = False
         #: The chief schedules a checkpoint of one state step on every task this often (a consistent cut).
         self.checkpoint_every_s = checkpoint_every_s if self.is_chief else None
@@ -873,6 +875,7 @@ class GradientSession(WorkerSession):
             if self.is_chief:
                 values = self._align_restored_tasks(values)
             self.state.job_step = self.state.step
+            self._joined_running_job = self.state.step > 0
         return values
 
     def _lookup_clock(self) -> int | None:
@@ -997,7 +1000,7 @@ class GradientSession(WorkerSession):
     def job_epoch_logs(self, epoch: int, logs: Mapping[str, float]) -> tuple[int, dict[str, float]]:
         """This worker's logs of its ``epoch``-th epoch end; returns ``(the epoch they counted for, the job's logs)``
         (their mean, from PS task 0)."""
-        reply = self.client.request(0, EpochLogsRequest(self.worker_id, epoch, dict(logs)))
+        reply = self.client.request(0, EpochLogsRequest(self.worker_id, epoch, dict(logs), self._joined_running_job))
         return reply.epoch, dict(reply.logs)
 
     def catch_up(self, as_reader: bool = False) -> dict[str, np.ndarray] | None:

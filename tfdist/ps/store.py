@@ -160,7 +160,8 @@ class ParameterStore(GradientPathRequests, TableRequests):
     _waiters = property(lambda self: self.waits.waiters)
 
     def _ctx(self) -> PolicyContext:
-        return self.members.context()
+        # Workers waiting at an epoch end send no gradient meanwhile: no barrier waits for them.
+        return self.members.context(self.epoch_logs_barrier.waiting())
 
     def _touch(self, worker: int) -> None:
         on_join = None
