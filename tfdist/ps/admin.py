@@ -44,6 +44,10 @@ class AdminClient:
         return cls(addresses, token, rpc_timeout_s=config.ps.rpc_timeout_s if rpc_timeout_s is None else rpc_timeout_s,
                    max_message_bytes=config.ps.max_message_bytes, tls_ca=config.security.tls_ca)
 
+    def wait_ready(self, timeout: float) -> None:
+        """Waits until every PS task accepts connections (``PSUnavailableError`` after ``timeout`` s)."""
+        self.client.wait_ready(timeout)
+
     def status(self, ps: int = 0, brief: bool = True, timeout: float | None = None) -> StatusReply:
         """One task's ``Status`` (``brief``: without the per-variable specs)."""
         return self.client.request(ps, StatusRequest(brief), timeout)
