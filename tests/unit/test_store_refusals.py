@@ -92,10 +92,12 @@ def test_a_pull_that_times_out_keeps_every_other_workers_clock():
 
 
 # ------------------------------------------------------------------ Init
-def test_init_must_say_the_jobs_number_of_workers():
+def test_init_cannot_claim_more_workers_than_the_job_has():
     store = ParameterStore(AsyncPolicy(), num_workers=2, starting_workers=2)
     refused(store, "Init", values(), code="FAILED_PRECONDITION", match="starts with 1000",
             worker=0, specs=SPEC_DICTS, num_workers=1000)
+    refused(store, "Init", values(), code="FAILED_PRECONDITION", match="starts with 3",
+            worker=0, specs=SPEC_DICTS, num_workers=3)
     assert not store.initialized
     elastic = ParameterStore(AsyncPolicy(), num_workers=4)  # slots known, start size not: up to the slots
     refused(elastic, "Init", values(), code="FAILED_PRECONDITION", match="4 worker slot", worker=0,

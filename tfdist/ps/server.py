@@ -287,7 +287,7 @@ class PSServer:
         num_ps: PS tasks of the job (a checkpoint of a job with another
             number is not restored). Defaults to 1.
         starting_workers: Workers the job starts with (``JobConfig.starting_workers``);
-            an ``Init`` that says otherwise is refused. ``None``: up to ``num_workers``.
+            an ``Init`` that says more is refused. ``None``: up to ``num_workers``.
 
     Every start of a task gets a new random ``incarnation`` (in replies and
     ``Status``): workers see a restarted task by it.

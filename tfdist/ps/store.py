@@ -94,7 +94,7 @@ class ParameterStore(GradientPathRequests, TableRequests):
         max_waiters: Most calls waiting at once, gradient contributors aside.
             Defaults to ``num_workers + 4`` (16 while unknown).
         starting_workers: Workers the job starts with; an ``Init`` that says
-            otherwise is refused. Defaults to ``None`` (up to ``num_workers``).
+            more is refused. Defaults to ``None`` (up to ``num_workers``).
         max_reply_bytes: Largest reply a lookup may need (the message limit);
             ``None``: unchecked.
 
