@@ -79,8 +79,10 @@ class Ballast(keras.layers.Layer):
         self.floats = floats
 
     def build(self, input_shape):
-        self.tiny = self.add_weight(shape=(1,), initializer="zeros", trainable=False, name="tiny")
-        self.big = self.add_weight(shape=(self.floats,), initializer="ones", trainable=False, name="big")
+        # Marked shared: a custom layer's non-trainable state is otherwise local to each worker (README).
+        self.tiny = self.add_weight(shape=(1,), initializer="zeros", trainable=False, name="tiny", aggregation="sum")
+        self.big = self.add_weight(shape=(self.floats,), initializer="ones", trainable=False, name="big",
+                                   aggregation="sum")
 
     def call(self, x):
         return x
