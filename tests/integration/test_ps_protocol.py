@@ -176,7 +176,7 @@ def test_stuck_callers_never_starve_valid_ones_and_sigterm_still_stops_the_ps(cl
         t.start()
     time.sleep(0.5)  # let the callers reach the server (not a synchronisation: the outcome is checked below)
     os.kill(cluster.process("ps:0").pid, signal.SIGTERM)
-    assert cluster.process("ps:0").wait(10) == 0
+    assert cluster.process("ps:0").wait(10) == 143  # 128 + SIGTERM: stopped, not done (the launcher restarts it)
     for t in threads:
         t.join(30)
     assert not any(t.is_alive() for t in threads)

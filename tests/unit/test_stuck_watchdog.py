@@ -100,6 +100,7 @@ def test_the_timeout_must_be_positive_and_says_how_to_turn_it_off():
 
 
 def test_the_process_watchdog_follows_the_environment(monkeypatch):
+    _stuck.stop_stuck_task_watchdog()  # (one a strategy of an earlier test in this process may have started)
     monkeypatch.setenv("TFDIST_STUCK_TIMEOUT_S", "0")
     assert _stuck.start_stuck_task_watchdog() is None
     monkeypatch.setenv("TFDIST_STUCK_TIMEOUT_S", "123")

@@ -28,13 +28,15 @@ N/|S|, so **the update is always the mean gradient of the members**
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from tfdist import constants
 from tfdist._tf_compat import (StrategyBase, in_xla_compilation, is_loss_scale_check, keras_variable_owner,
                                refuse_legacy_keras)
 from tfdist.collective import (DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup,
@@ -404,7 +406,9 @@ class AllReduceStrategy(StrategyBase):
                                           timeout_s if timeout_s is not None else group.timeout_s or DEFAULT_TIMEOUT_S)
         super().__init__(AllReduceExtended(self, self._runtime))
         build_from_element_spec(self)  # no throwaway iterator in Keras's build (a SIGSEGV in TF 2.21 at times)
-        if group.size > 1:  # a job's task: a hang inside fit ends the task with its stacks, not never
+        # A launched task of a job: a hang inside fit ends the task with its stacks, not never (a program that
+        # builds groups itself, e.g. a test, is not a task and keeps its process to itself).
+        if group.size > 1 and (os.environ.get(constants.ENV_TF_CONFIG) or os.environ.get(constants.ENV_CONFIG)):
             start_stuck_task_watchdog()
         logger.info("AllReduceStrategy: worker %d of %d, exclude_stragglers=%s, timeout_s=%g, slowdown=%s",
                     group.worker_id, group.size, exclude_stragglers, self._runtime.timeout_s, slowdown)
