@@ -113,10 +113,6 @@ class ConsistencyMode:
         return False, (f"only {remaining} worker(s) would remain, fewer than strategy.replicas_to_aggregate={m} "
                        "gradients per step")
 
-    def reads_may_wait(self, spec: Mapping[str, Any] | None = None) -> bool:
-        """Whether a read can ever wait for other workers (SSP with a finite bound): ASP's never do."""
-        return self.policy(spec).read_may_wait()
-
 
 #: Every registered mode, by name (the built-in ones are registered by :mod:`tfdist.consistency`).
 MODES: dict[str, ConsistencyMode] = {}

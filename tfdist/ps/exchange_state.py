@@ -79,8 +79,3 @@ class ExchangeState:
             if reply.job_done and not self.job_done:
                 self.job_done = True
                 logger.info("worker %d: the job's batches are done", worker)
-
-    @property
-    def behind(self) -> bool:
-        """Gradient path: the job has moved past this worker's step (it reloads the state first)."""
-        return self.job_step > self.step

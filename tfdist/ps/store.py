@@ -164,10 +164,8 @@ class ParameterStore(GradientPathRequests, TableRequests):
         return self.members.context(self.epoch_logs_barrier.waiting())
 
     def _touch(self, worker: int) -> None:
-        on_join = None
-        if self.policy is not None and self.initialized:
-            on_join = lambda w: self.policy.on_join(w, self._ctx())  # noqa: E731
-        self.members.touch(worker, on_join)
+        joined = self.policy is not None and self.initialized
+        self.members.touch(worker, (lambda w: self.policy.on_join(w, self._ctx())) if joined else None)
 
     def _reply_fields(self, worker: int) -> dict[str, Any]:
         return {"incarnation": self.incarnation, **self.members.reply_fields(worker)}
@@ -510,8 +508,7 @@ class ParameterStore(GradientPathRequests, TableRequests):
             self.members.check_member(worker)
 
     def check_path(self, worker: int, path: str) -> None:
-        """Raises :class:`StoreError` unless ``worker`` is a worker of the job and the job is on ``path``
-        (or its policy is not known yet)."""
+        """Raises unless ``worker`` is the job's and the job is on ``path`` (or its policy is not known yet)."""
         with self._cond:
             self.members.check_member(worker)
             if self.policy is not None:
