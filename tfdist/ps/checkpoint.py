@@ -607,7 +607,7 @@ class ShardCheckpointer:
         while not self._stop.wait(self.every_s):
             if not self.store.initialized or self.store.checkpoint_step() == self.last_step:
                 continue
-            if self.store.policy.path == "gradient":  # the chief schedules them at one step on every task
+            if self.store.policy.exchange.steps_are_global:  # the chief schedules them at one step on every task
                 continue
             snapshot = self.store.checkpoint_state()
             if snapshot is not None:
