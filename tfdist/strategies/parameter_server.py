@@ -43,7 +43,8 @@ from tfdist.straggler.events import StragglerListener
 from tfdist.straggler.membership import StragglerEngine
 from tfdist.strategies._job_logs import install_job_epoch_logs
 from tfdist.strategies._ps_extended import ParameterServerExtended, install_plain_batch_results
-from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter, make_runtime
+from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter
+from tfdist.strategies._runtimes import make_runtime
 from tfdist.strategies._stuck import start_stuck_task_watchdog, stop_stuck_task_watchdog
 from tfdist.strategies._tables import install_resident_embeddings
 
