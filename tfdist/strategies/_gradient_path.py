@@ -1,7 +1,7 @@
 """The gradient path's worker side (BSP, SyncReplicas): gradients exchanged inside the step.
 
 The vertical slice of the gradient path is this module (the worker runtime),
-:class:`~tfdist.ps.session.GradientSession` (its requests and the state
+:class:`~tfdist.ps.gradient_session.GradientSession` (its requests and the state
 snapshot) and :mod:`tfdist.ps._gradient_requests` (the store's handlers).
 The all-reduce hook of the step sends the step's gradients and returns the
 step's aggregate; every worker applies it with its own optimizer, and the
@@ -18,7 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.errors import PSUnavailableError
-from tfdist.ps.session import GradientSession, WorkerSession
+from tfdist.ps.gradient_session import GradientSession
+from tfdist.ps.session import WorkerSession
 from tfdist.strategies._job_logs import job_epoch_logs
 from tfdist.strategies._ps_runtime import STAT_NAMES, PSRuntime
 from tfdist.strategies._variable_registry import is_optimizer_variable

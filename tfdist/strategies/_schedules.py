@@ -34,14 +34,17 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 if TYPE_CHECKING:
     from tfdist.config import JobConfig
     from tfdist.consistency import ConsistencyPolicy
-    from tfdist.strategies._update_path import UpdatePathRuntime
+
+#: The update path's runtime (:class:`tfdist.strategies._update_path.UpdatePathRuntime`), which holds the
+#: schedule; named, not imported, so that the runtime's module stays the only one that imports the other.
+UpdatePathRuntime = Any
 
 __all__ = ["Schedule", "Blocking", "Overlapped", "EveryK", "LocalOnly", "LoneWorker", "choose_schedule",
            "SINGLE_PROCESS_EXCHANGE_EVERY"]

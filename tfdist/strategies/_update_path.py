@@ -2,7 +2,7 @@
 
 The vertical slice of the update path is this module (the worker runtime)
 with its schedules (:mod:`tfdist.strategies._schedules`),
-:class:`~tfdist.ps.session.UpdateSession` (its requests, the staleness
+:class:`~tfdist.ps.update_session.UpdateSession` (its requests, the staleness
 bound's refreshes, the overlapped exchange) and
 :mod:`tfdist.ps._update_requests` (the store's handlers). The update is an
 additive delta (this worker's values minus those the PS last gave it); the
@@ -17,7 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.errors import PSUnavailableError
-from tfdist.ps.session import UpdateSession, WorkerSession
+from tfdist.ps.session import WorkerSession
+from tfdist.ps.update_session import UpdateSession
 from tfdist.strategies._ps_runtime import PSRuntime
 from tfdist.strategies._schedules import LocalOnly, LoneWorker, Schedule, choose_schedule, send_blocking
 
