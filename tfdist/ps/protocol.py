@@ -67,6 +67,7 @@ __all__ = [
     "RequestError",
     "NONFINITE_POLICIES",
     "InitRequest",
+    "ExtendRequest",
     "WaitInitRequest",
     "PullRequest",
     "PushRequest",
@@ -106,6 +107,10 @@ class InitRequest:
     replace the values of an initialised store too, and restart its global
     step at ``step``; the store takes a new incarnation, so every worker
     re-syncs.
+
+    ``joined``: the keys among ``specs`` of variables that joined the job
+    after its first step (:class:`ExtendRequest`); a worker that starts
+    again may leave them out until it creates them.
     """
 
     worker: int
@@ -117,12 +122,15 @@ class InitRequest:
     nonfinite: str = "refuse"
     reset: bool = False
     tables: tuple[TableShard, ...] = ()
+    joined: tuple[str, ...] = ()
 
     def to_wire(self):
         meta = {"worker": self.worker, "specs": [s.to_dict() for s in self.specs], "step": self.step,
                 "nonfinite": self.nonfinite}
         if self.reset:
             meta["reset"] = True
+        if self.joined:
+            meta["joined"] = list(self.joined)
         if self.tables:
             meta["tables"] = [t.to_dict() for t in self.tables]
         if self.policy is not None:
@@ -148,8 +156,51 @@ class InitRequest:
                     f"Init: value of {short(s.key)} is {v.dtype.name}{list(v.shape)}, its spec says "
                     f"{s.dtype}{list(s.shape)}."
                 )
+        joined = f.keys("joined") or ()
+        if not set(joined) <= keys:
+            raise ProtocolError(f"Init: `joined` names variables that are not in `specs`: "
+                                f"{short(sorted(set(joined) - keys)[:4])}.")
         return cls(f.worker(), specs, tensors, f.policy(num_workers), num_workers, f.int("step", 0, MAX_COUNT, 0),
-                   f.choice("nonfinite", NONFINITE_POLICIES, "refuse"), f.flag("reset", False), f.tables())
+                   f.choice("nonfinite", NONFINITE_POLICIES, "refuse"), f.flag("reset", False), f.tables(), joined)
+
+
+@dataclass(frozen=True)
+class ExtendRequest:
+    """Variables created after the job's first step join it (a new head, a fresh optimizer, a second model).
+
+    ``specs``: the new variables (or pieces) this task holds, in creation
+    order, with ``values`` (the sender's initial values, one per spec). The
+    first worker to send a key adds it; a later one with the same spec gets
+    the job's values; a different spec is refused. Reply
+    (:class:`~tfdist.ps.replies.ExtendReply`): the job's ``values`` of every
+    key sent, the keys ``added`` by this call, ``version``, ``incarnation``.
+    """
+
+    worker: int
+    specs: tuple[VariableSpec, ...]
+    values: Mapping[str, np.ndarray] = field(repr=False)
+    incarnation: int | None = None
+
+    def to_wire(self):
+        return (_with_incarnation({"worker": self.worker, "specs": [s.to_dict() for s in self.specs]},
+                                  self.incarnation), dict(self.values))
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        specs = f.specs()
+        if not specs:
+            raise ProtocolError("Extend: `specs` is empty; name at least one variable.")
+        keys = {s.key for s in specs}
+        if keys != set(tensors):
+            raise ProtocolError(
+                f"Extend: values do not match specs: missing {short(sorted(keys - set(tensors))[:4])}, "
+                f"unexpected {short(sorted(set(tensors) - keys)[:4])}.")
+        for s in specs:
+            v = tensors[s.key]
+            if v.dtype.name != s.dtype or tuple(v.shape) != s.shape:
+                raise ProtocolError(f"Extend: value of {short(s.key)} is {v.dtype.name}{list(v.shape)}, its spec "
+                                    f"says {s.dtype}{list(s.shape)}.")
+        return cls(f.worker(), specs, tensors, f.int("incarnation", 0, MAX_INCARNATION, None))
 
 
 @dataclass(frozen=True)
@@ -534,6 +585,7 @@ class EpochLogsRequest:
 
 _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "Init": InitRequest.parse,
+    "Extend": ExtendRequest.parse,
     "WaitInit": WaitInitRequest.parse,
     "Pull": PullRequest.parse,
     "Push": PushRequest.parse,

@@ -147,6 +147,11 @@ class ParameterService:
             self.checkpointer.discard_after(req.step)  # the job goes on from the chief's step
         return reply
 
+    def _rpc_Extend(self, req: protocol.ExtendRequest, budget, cancelled):
+        reply = self.store.extend(req)
+        self._after_update()
+        return reply
+
     def _rpc_WaitInit(self, req: protocol.WaitInitRequest, budget, cancelled):
         return self.store.wait_init(req, budget, cancelled)
 

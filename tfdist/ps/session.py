@@ -34,6 +34,7 @@ from tfdist.ps.placement import PlacementPlan, VariableSpec
 from tfdist.ps.sparse import TableSpec
 from tfdist.ps.protocol import (
     DoneRequest,
+    ExtendRequest,
     HeartbeatRequest,
     InitRequest,
     LeaveRequest,
@@ -46,6 +47,7 @@ from tfdist.ps.protocol import (
     WaitInitRequest,
 )
 from tfdist.ps.replies import StatusReply
+from tfdist.ps._session_recovery import SessionRecovery
 from tfdist.ps._session_tables import SessionTables
 
 __all__ = ["WorkerSession"]
@@ -57,7 +59,7 @@ logger = logging.getLogger(__name__)
 AUDIT_STEPS = 100_000
 
 
-class WorkerSession(SessionTables):
+class WorkerSession(SessionRecovery, SessionTables):
     """One worker's view of the parameter servers.
 
     Args:
@@ -127,6 +129,10 @@ class WorkerSession(SessionTables):
         #: What a push diffs against when it is not the snapshot (after an overlapped exchange).
         self._base: dict[str, np.ndarray] | None = None
         self._by_key = {s.key: s for s in self.specs}
+        #: A piece's key on its PS task → its variable's key.
+        self._var_key = {sh.key: sh.var_key for sh in plan.shards}
+        #: Keys of the variables that joined the job after its first step (sent again in a re-``Init``).
+        self.joined: list[str] = []
         self.stats = {"syncs": 0, "pulls": 0, "bytes_pushed": 0, "bytes_pulled": 0, "sync_seconds": 0.0,
                       "unchanged_replies": 0, "recoveries": 0, "rows_pulled": 0, "rows_pushed": 0}
         self._hb_interval = heartbeat_interval_s
@@ -159,9 +165,62 @@ class WorkerSession(SessionTables):
     def _init_request(self, ps: int, values: Mapping[str, np.ndarray], step: int = 0, reset: bool = False
                       ) -> InitRequest:
         """The chief's ``Init`` of task ``ps``: its variables, the policy, and its shard of every table."""
-        return InitRequest(self.worker_id, self._shard_specs(ps), values, self.policy_spec, self.num_workers,
+        specs = self._shard_specs(ps)
+        joined = set(self.joined)
+        return InitRequest(self.worker_id, specs, values, self.policy_spec, self.num_workers,
                            step=step, nonfinite=self.nonfinite, reset=reset,
-                           tables=tuple(TableShard(t, ps, self.plan.num_ps) for t in self.tables.values()))
+                           tables=tuple(TableShard(t, ps, self.plan.num_ps) for t in self.tables.values()),
+                           joined=tuple(s.key for s in specs if self._var_key[s.key] in joined))
+
+    def extend(self, plan: PlacementPlan, new: Sequence[VariableSpec], local_values: Mapping[str, np.ndarray]
+               ) -> tuple[dict[str, np.ndarray], frozenset[str]]:
+        """Variables created after the job's first step join it: ``Extend`` to every task holding a piece.
+
+        ``plan``: the plan so far with ``new`` placed after it (the same on
+        every worker). Returns the job's values of the new variables and the
+        keys this call added to the job (for those, the job's values are
+        this worker's: the caller need not load them). Nothing of this
+        session changes unless every task accepted.
+        """
+        new_keys = {s.key for s in new}
+        by_key = {**self._by_key, **{s.key: s for s in new}}
+        pieces = [sh for sh in plan.shards if sh.var_key in new_keys]
+        requests = {}
+        for ps in range(plan.num_ps):
+            mine = [sh for sh in pieces if sh.ps == ps]
+            if not mine:
+                continue
+            specs, values = [], {}
+            for sh in mine:
+                spec, value = by_key[sh.var_key], np.asarray(local_values[sh.var_key])
+                if sh.rows is not None:
+                    shape = (sh.rows[1] - sh.rows[0], *spec.shape[1:])
+                    spec, value = VariableSpec(sh.key, spec.dtype, shape, spec.trainable), value[sh.rows[0]:sh.rows[1]]
+                elif sh.key != spec.key:
+                    spec = VariableSpec(sh.key, spec.dtype, spec.shape, spec.trainable)
+                specs.append(spec)
+                values[sh.key] = np.array(value, order="C")  # (ascontiguousarray would make a scalar 1-d)
+            requests[ps] = ExtendRequest(self.worker_id, tuple(specs), values, self.state.incarnations[ps])
+        replies = self._request_many(requests)
+        found = {k: v for r in replies.values() for k, v in r.values.items()}
+        added_pieces = {k for r in replies.values() for k in r.added}
+        out = {}
+        for spec in new:
+            shards = [sh for sh in pieces if sh.var_key == spec.key]
+            out[spec.key] = (found[shards[0].key] if len(shards) == 1 and shards[0].rows is None
+                             else np.concatenate([found[sh.key] for sh in shards], axis=0))
+        added = frozenset(s.key for s in new if all(sh.key in added_pieces for sh in pieces if sh.var_key == s.key))
+        # -- every task accepted: the session knows the variables from now on
+        self.specs = [*self.specs, *new]
+        self._by_key = by_key
+        self.plan = plan
+        self._var_key.update({sh.key: sh.var_key for sh in pieces})
+        self.joined.extend(s.key for s in new)
+        for key, value in out.items():
+            self._snapshot[key] = np.array(value, copy=True)
+            if self._base is not None:
+                self._base[key] = np.array(value, copy=True)
+        return out, added
 
     # ------------------------------------------------------------- tables
     def _lookup_clock(self) -> int | None:
@@ -204,122 +263,6 @@ class WorkerSession(SessionTables):
                 raise PSRestartedError(
                     f"Parameter server ps:{ps} at {self.client.addresses[ps]} restarted (incarnation {known} → "
                     f"{incarnation}) since worker {self.worker_id} last talked to it.", ps=ps)
-
-    def recover(self, cause: Exception, local_values: Mapping[str, np.ndarray] | None = None,
-                as_reader: bool = False) -> dict[str, np.ndarray]:
-        """Carries on after a PS task was lost or restarted; returns the values to load.
-
-        Tries (with backoff, within ``reconnect_timeout_s``) until every PS
-        task answers. A task that restarted from a checkpoint holds its
-        restored state; one that restarted *without* a checkpoint is
-        initialised again from the chief's current values (``local_values``,
-        given on the chief; the other workers wait for it, within the same
-        bound), so no task ever serves a fresh, untrained shard. Then every
-        variable is pulled. What this worker sent in the call that failed is
-        lost on the task that restarted (at most one step; the tasks that
-        did not restart may already have applied it). ``as_reader``: pull as
-        an evaluator does (a worker that left training stays out).
-
-        Raises:
-            PSUnavailableError: a task did not come back within ``reconnect_timeout_s``.
-        """
-        start = time.monotonic()
-        deadline = start + self.reconnect_timeout_s
-        logger.warning("worker %d: lost a parameter server (%s); reconnecting (ps.reconnect_timeout_s=%g)",
-                       self.worker_id, cause, self.reconnect_timeout_s)
-        self._base = None
-        beating = self._pause_heartbeat()
-        try:
-            statuses = self._wait_all_answer(deadline, cause)
-            restarted = [ps for ps in range(self.plan.num_ps)
-                         if statuses[ps].incarnation != self.state.incarnations[ps]]
-            values = self._recover_from(statuses, restarted, local_values, deadline, as_reader)
-        finally:
-            if beating:
-                self._resume_heartbeat()
-        self.stats["recoveries"] += 1
-        logger.warning("worker %d: training goes on after %.1f s (restarted: %s)", self.worker_id,
-                       time.monotonic() - start, [f"ps:{ps}" for ps in restarted] or "none")
-        return values
-
-    def _recover_from(self, statuses, restarted, local_values, deadline, as_reader) -> dict[str, np.ndarray]:
-        """Update path: tasks that came back empty get the chief's values; every variable is pulled."""
-        for ps in restarted:
-            if statuses[ps].initialized:
-                logger.warning("worker %d: ps:%d restarted and restored its checkpoint of step %s",
-                               self.worker_id, ps, statuses[ps].restored_from)
-        empty = [ps for ps in restarted if not statuses[ps].initialized]
-        if empty:
-            self._reinitialize(empty, local_values, deadline)
-            if self.tables and self.is_chief:
-                logger.warning("worker %d: ps:%s restarted without a checkpoint: its rows of the tables %s are lost "
-                               "and start again from their initial values (set ps.checkpoint_dir)", self.worker_id,
-                               empty, sorted(self.tables))
-        self.state.forget_incarnations()  # learnt again from the pull's replies
-        return self.pull(as_reader=as_reader)
-
-    def _pause_heartbeat(self) -> bool:
-        """While recovering, the worker does not count for barriers: no heart-beat, and ``Leave`` where it reaches.
-
-        (Otherwise a barrier on a task that is fine would wait for this
-        worker's gradient until the RPC deadline.) Its next call after the
-        recovery brings it back as a joiner. Returns whether it was beating.
-        """
-        beating = self._hb_thread is not None and self._hb_thread.is_alive() and not self._hb_stop.is_set()
-        self.stop_heartbeat()
-        if self._hb_thread is not None and self._hb_thread.is_alive():
-            self._hb_thread.join(timeout=2 * (self._hb_interval or 0) + 1.0)
-        if self.worker_id < 0:
-            return beating
-        request = LeaveRequest(self.worker_id)
-        for ps in range(self.plan.num_ps):
-            try:
-                self.client.request(ps, request, timeout=2.0)
-            except Exception:  # the lost task, most likely; the others heard it
-                pass
-        return beating
-
-    def _resume_heartbeat(self) -> None:
-        self._hb_stop = threading.Event()
-        self._hb_thread = self._heartbeat_thread()
-        self._hb_thread.start()
-
-    def _wait_all_answer(self, deadline: float, cause: Exception) -> dict[int, dict]:
-        delay = 0.1
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                return self.client.request_all(StatusRequest(brief=True), timeout=max(0.5, min(5.0, remaining)))
-            except PSUnavailableError as e:
-                if time.monotonic() + delay > deadline:
-                    raise PSUnavailableError(
-                        f"A parameter server did not come back within {self.reconnect_timeout_s:g} s "
-                        f"(ps.reconnect_timeout_s): {e}. It was lost with: {cause}") from e
-                time.sleep(delay)
-                delay = min(2 * delay, 2.0)
-
-    def _reinitialize(self, tasks: list[int], local_values: Mapping[str, np.ndarray] | None, deadline: float
-                      ) -> None:
-        """Tasks that restarted with no state: the chief initialises them again; the others wait for it."""
-        if self.is_chief and local_values is not None:
-            parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
-            self.client.request_many({ps: self._init_request(ps, parts[ps], step=self.state.step) for ps in tasks})
-            logger.warning("worker %d: ps:%s restarted without a checkpoint; initialised again from this worker's "
-                           "current values (set ps.checkpoint_dir to restore instead)", self.worker_id, tasks)
-            return
-        for ps in tasks:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise PSUnavailableError(
-                        f"Parameter server ps:{ps} restarted without a checkpoint and the chief did not "
-                        f"initialise it again within ps.reconnect_timeout_s={self.reconnect_timeout_s:g} s.")
-                wait = min(remaining, 5.0)
-                reply = self.client.request(ps, WaitInitRequest(self.worker_id, wait, self._shard_specs(ps),
-                                                                 self.policy_spec, self.num_workers),
-                                            timeout=wait + 5.0)
-                if reply.initialized:
-                    break
 
     def initialize(self, local_values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """Makes the PS and this worker agree on initial values.

@@ -57,12 +57,14 @@ from tfdist.ps._variables import DenseVariables, all_finite
 from tfdist.ps._waits import WAIT_TIMEOUT_CODE, BoundedWaits, Cancelled, StoreError, Wait, never
 from tfdist.ps.replies import (
     ControlReply,
+    ExtendReply,
     InitReply,
     PullReply,
     WaitInitReply,
 )
 from tfdist.ps.protocol import (
     ControlRequest,
+    ExtendRequest,
     InitRequest,
     PullRequest,
     WaitInitRequest,
@@ -208,7 +210,7 @@ class ParameterStore(UpdatePathRequests, GradientPathRequests, TableRequests):
             # -- every check passed: apply
             self.table_shards.install(tables)
             self.policy = policy
-            self.variables.initialize(req.specs, req.values, req.worker, req.nonfinite)
+            self.variables.initialize(req.specs, req.values, req.worker, req.nonfinite, req.joined)
             self.barrier.restart(req.step)
             self.members.start(req.num_workers, req.worker)
             self._touch(req.worker)
@@ -218,6 +220,26 @@ class ParameterStore(UpdatePathRequests, GradientPathRequests, TableRequests):
         logger.info("initialised by worker %d: %d variables, %d bytes, policy %s, non-finite values: %s",
                     req.worker, len(req.specs), total, self.policy.spec(), self.nonfinite)
         return self._init_reply(True)
+
+    def extend(self, req: ExtendRequest) -> ExtendReply:
+        """Variables created after the job's first step join it; returns the job's values of every key sent.
+
+        A key the task does not hold yet is added with the sender's value
+        (the first sender's value is the job's); one it holds with the same
+        spec is left as it is; one with another spec refuses the whole request.
+        """
+        self.variables.check_finite(req.values, req.worker, "initial value")
+        with self._cond:
+            self._check_worker_request(req.worker, req.incarnation)
+            new = self.variables.check_join(req.specs, req.worker)
+            if new:
+                self.variables.join(new, req.values)  # copies first: a value too large to copy changes nothing
+                self._touch(req.worker)
+                self._cond.notify_all()
+                logger.info("worker %d: %d variable(s) joined the job after its first step (%s)", req.worker,
+                            len(new), ", ".join(s.key for s in new[:3]) + (", ..." if len(new) > 3 else ""))
+            values = {s.key: self.variables.values[s.key].copy() for s in req.specs}
+            return ExtendReply(self.version, self.incarnation, tuple(s.key for s in new), values)
 
     def _init_reply(self, here: bool) -> InitReply:
         return InitReply(here, self.version, self.global_step, self.incarnation, self.state_step)

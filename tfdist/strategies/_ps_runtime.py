@@ -132,8 +132,9 @@ class PSRuntime(RuntimeTables):
         model_variable = self._model_variable(name, kwargs, owner)
         if model_variable and not var.dtype.is_floating:
             return
-        self.registry.register(var, model_variable, frozen=self.session is not None, owner=owner,
-                               watch=not self.lifecycle.reader)
+        running = self.session is not None
+        self.registry.register(var, model_variable, frozen=running and self.lifecycle.reader, owner=owner,
+                               watch=not self.lifecycle.reader, joins=running)
 
     def key_of(self, var) -> str | None:
         return self.registry.key_of(var)
@@ -144,6 +145,48 @@ class PSRuntime(RuntimeTables):
 
     # ----------------------------------------------------------------- session
     def ensure_session(self) -> WorkerSession:
+        """The session with the PS (joining the job at the first call); variables created since join it."""
+        session = self._ensure_session()
+        if self.registry.pending:
+            self.join_new_variables()
+        return session
+
+    def join_new_variables(self) -> None:
+        """Variables created after the job started join it: placed after the others, sent, the job's values loaded.
+
+        The first worker to send a variable gives the job its value; the
+        others load that value (so every worker's copy agrees whatever each
+        initialised). Under async an exchange still in flight lands first.
+        A lost PS task: recovered from, and the variables join at the next call.
+        """
+        with self._exchange_lock:
+            session = self.session
+            pending = self.registry.take_pending()
+            if session is None or not pending:
+                self.registry.put_back(pending)
+                return
+            self._before_join()
+            placement = make_placement(self.config.ps.placement, self.config.ps.partition_threshold_bytes)
+            plan = placement.extend(session.plan, session.specs, pending)
+            local = self.registry.values()
+            joined = self._recovering(lambda: session.extend(plan, pending, local))
+            if joined is None:
+                self.registry.put_back(pending)
+                return
+            values, added = joined
+            self.plan = plan
+            theirs = {k: v for k, v in values.items() if k not in added}
+            if theirs:
+                self.registry.assign(theirs, keep_written=False, partial=True)
+            logger.info("worker %d: %d variable(s) created after the job's first step joined it (%d new to the job, "
+                        "%d loaded from it):\n%s", self.worker_id, len(pending), len(added), len(theirs),
+                        PlacementPlan(plan.num_ps, tuple(sh for sh in plan.shards
+                                                         if sh.var_key in values)).describe())
+
+    def _before_join(self) -> None:
+        """Hook: what must land before variables join (the update path's exchange in flight)."""
+
+    def _ensure_session(self) -> WorkerSession:
         with self._lock:
             if self.session is not None:
                 return self.session

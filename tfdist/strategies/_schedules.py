@@ -177,6 +177,8 @@ class LoneWorker(LocalOnly):
             if rt.lifecycle.closed or rt.session is None:
                 return
             rt._count_local_steps()
+            if rt.registry.pending:
+                rt.join_new_variables()  # a second model, a new head: its steps are sent with the others
             if rt.lifecycle.left:
                 if not rt._unsent_steps:
                     return

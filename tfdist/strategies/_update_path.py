@@ -135,6 +135,11 @@ class UpdatePathRuntime(PSRuntime):
         self.session.recover(error, self.registry.values(), as_reader=as_reader)
         lone.resync = True
 
+    def _before_join(self) -> None:
+        corrections = self._recovering(self.session.flush)  # an overlapped exchange in flight lands first
+        if corrections:
+            self.registry.add(corrections)
+
     def _stop_background_exchange(self) -> None:
         if isinstance(self.schedule, LoneWorker):
             self.schedule.stop(join_timeout_s=float(self.config.ps.rpc_timeout_s) + 5.0)
@@ -209,6 +214,8 @@ class UpdatePathRuntime(PSRuntime):
             self._count_local_steps()
             if self.session is None or self.lifecycle.reader:
                 return
+            if self.registry.pending:
+                self.join_new_variables()  # the steps held back may have trained them
             if self.lifecycle.left and self._unsent_steps and self._local_only:
                 self.rejoin()  # local-only steps of a later fit after leave(): they take part in the job again
             if self.lifecycle.left:

@@ -79,8 +79,12 @@ class VariableRegistry:
         self._keys_by_var: dict[int, str] = {}
         #: Keys name variables by creation order and path, with Keras's auto-name counters renumbered.
         self._names = CanonicalNames()
-        #: Names of variables created after the PS was initialised (they stay local).
+        #: Names of variables a reader (evaluator) created after it joined the job: they stay local.
         self.late: list[str] = []
+        #: Specs of variables created after the job started, not yet joined to it (the runtime joins them
+        #: before the next step or read: :meth:`take_pending`).
+        self.pending: list[VariableSpec] = []
+        self._pending_lock = threading.Lock()
         #: Owners of registered variables that implement ``finalize_state``.
         self.derived = DerivedStateLayers()
         #: Keys of variables written locally since the marks were last cleared (see the class doc).
@@ -96,9 +100,13 @@ class VariableRegistry:
         self._own = threading.local()
         self._kept_logged: frozenset[str] = frozenset()
 
-    def register(self, var: tf.Variable, trainable: bool, frozen: bool, owner=None, watch: bool = True) -> None:
-        """Adds ``var`` (unless ``frozen``: the PS already holds the job's variables).
+    def register(self, var: tf.Variable, trainable: bool, frozen: bool = False, owner=None, watch: bool = True,
+                 joins: bool = False) -> None:
+        """Adds ``var``: a key (creation order, canonical name) and its spec.
 
+        ``frozen``: the job runs and this process may not extend it (an
+        evaluator): ``var`` stays local, with a warning. ``joins``: the job
+        runs and ``var`` joins it (:attr:`pending` until the runtime sends it).
         ``owner``: the layer creating ``var``, if known; one with a
         ``finalize_state`` is kept computing with the values written here.
         ``watch``: mark local writes of ``var`` (not on an evaluator, which
@@ -108,20 +116,33 @@ class VariableRegistry:
         if frozen:
             self.late.append(name)
             logger.warning(
-                "variable %r was created after the parameter servers were initialised; it stays local "
-                "to this worker (create every model variable before the first fit/evaluate/predict step)",
-                name,
-            )
+                "variable %r was created after this task joined the job as a reader; it stays local to this task "
+                "(an evaluator mirrors the job's variables, it does not add any)", name)
             return
         key = f"{len(self.variables):04d}/{self._names.canonical(name)}"
+        spec = VariableSpec(key, _numpy_dtype_name(var.dtype), tuple(var.shape.as_list()),
+                            bool(var.trainable) and trainable)
         self.variables.append(var)
         self._keys_by_var[id(var)] = key
-        self.specs.append(VariableSpec(key, _numpy_dtype_name(var.dtype), tuple(var.shape.as_list()),
-                                       bool(var.trainable) and trainable))
+        self.specs.append(spec)
+        if joins:
+            with self._pending_lock:
+                self.pending.append(spec)
         if owner is not None:
             self.derived.track(owner, var)
         if watch:
             self._watch(var, key)
+
+    def take_pending(self) -> list[VariableSpec]:
+        """The variables waiting to join the job, in creation order (the list is emptied)."""
+        with self._pending_lock:
+            pending, self.pending = self.pending, []
+        return pending
+
+    def put_back(self, specs: list[VariableSpec]) -> None:
+        """A join that did not happen (a lost PS): the variables wait for the next one, first."""
+        with self._pending_lock:
+            self.pending = [*specs, *self.pending]
 
     def _watch(self, var: tf.Variable, key: str) -> None:
         """Marks ``key`` written when ``var`` is assigned eagerly by anyone but this registry."""
@@ -153,16 +174,24 @@ class VariableRegistry:
         return {s.key: v.numpy() for s, v in zip(self.specs, self.variables)}
 
     def keyed(self, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """Arrays in variable order, keyed."""
-        return {s.key: a for s, a in zip(self.specs, arrays)}
+        """Arrays in variable order, keyed; variables created after they were read (a step traced before a
+        second model existed) are read now."""
+        out = {s.key: a for s, a in zip(self.specs, arrays)}
+        for spec, var in zip(self.specs[len(arrays):], self.variables[len(arrays):]):
+            out[spec.key] = var.numpy()
+        return out
 
-    def assign(self, values: Mapping[str, np.ndarray], keep_written: bool = True) -> None:
-        """Writes fresh values into the local variables (except those written locally, if ``keep_written``)."""
+    def assign(self, values: Mapping[str, np.ndarray], keep_written: bool = True, partial: bool = False) -> None:
+        """Writes fresh values into the local variables (except those written locally, if ``keep_written``).
+
+        ``partial``: ``values`` may name only some variables (a join); the others are left as they are.
+        """
         kept = frozenset(self.written) if keep_written else frozenset()
+        waiting = {s.key for s in self.pending}  # not in the job yet: nothing to read for them
         self._own_write = True
         try:
             for spec, var in zip(self.specs, self.variables):
-                if spec.key not in kept:
+                if spec.key not in kept and ((not partial and spec.key not in waiting) or spec.key in values):
                     _write(var, values[spec.key])
         finally:
             self._own_write = False
