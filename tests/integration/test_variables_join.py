@@ -168,3 +168,54 @@ def test_a_head_added_after_the_first_fit_joins_the_job(no_cluster, tmp_path, mo
             s.shutdown()
         for s in servers:
             s.stop(0)
+
+
+PROCESS_MODES = ["async", "bsp"]  # one mode per exchange path; every mode runs in the test above
+
+
+@pytest.fixture(scope="module")
+def joined_jobs(tmp_path_factory):
+    """Two worker processes; each mode a job of its own on two PS tasks (``scripts/join_worker.py``)."""
+    from tfdist.testing import LocalCluster
+
+    root = tmp_path_factory.mktemp("join")
+    out = root / "out"
+    out.mkdir()
+    here = os.path.dirname(os.path.abspath(__file__))
+    with LocalCluster(workers=2, ps=2 * len(PROCESS_MODES), log_dir=str(root / "logs")) as cluster:
+        cluster.start(os.path.join(here, "scripts", "join_worker.py"),
+                      ["--out", str(out), "--modes", ",".join(PROCESS_MODES)])
+        try:
+            cluster.wait(240)
+        finally:
+            logs = {t: cluster.log(t)[-3000:] for t in ("worker:0", "worker:1")}
+    results = {}
+    for mode in PROCESS_MODES:
+        for me in (0, 1):
+            path = out / f"{mode}-worker-{me}.json"
+            results[mode, me] = json.loads(path.read_text()) if path.exists() else {"error": "no result", **logs}
+    return results
+
+
+@pytest.mark.parametrize("mode", PROCESS_MODES)
+def test_real_processes_fit_add_a_head_fit_save_and_plain_keras_loads_it(joined_jobs, mode):
+    import keras
+
+    r0, r1 = joined_jobs[mode, 0], joined_jobs[mode, 1]
+    for r in (r0, r1):
+        assert "error" not in r, f"{mode} worker {r.get('worker')}: {r.get('error')}\n{r.get('traceback', '')}"
+    assert r0["placement"] == r1["placement"]  # one map on both workers
+    keys = [k for k, _ in r0["placement"]]
+    assert keys[: len(r0["keys_first"])] == r0["keys_first"]
+    new = keys[len(r0["keys_first"]):]
+    assert any("head_out/kernel" in k for k in new) and any("other_out/kernel" in k for k in new), new
+    assert {ps for k, ps in r0["placement"] if k in new} == {0, 1}
+    assert sum(st["joined_variables"] for st in r0["status"]) == len(new)
+    assert r0["head_loss"][-1] < r0["head_loss"][0]  # the head trained
+    np.testing.assert_allclose(r0["head_predictions"], r1["head_predictions"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(r0["other_predictions"], r1["other_predictions"], rtol=1e-4, atol=1e-5)
+    plain = keras.models.load_model(r0["saved"])  # outside any strategy
+    from tfdist.datasets import load_digits
+
+    batch = load_digits().x_train[:16].reshape(-1, 64)
+    np.testing.assert_allclose(plain.predict(batch, verbose=0), r0["head_predictions"], rtol=1e-4, atol=1e-5)
