@@ -16,7 +16,6 @@ from tfdist.consistency import AsyncPolicy, SSPPolicy
 from tfdist.consistency.sync_replicas import SyncReplicasPolicy
 from tfdist.ps import checkpoint as ckpt
 from tfdist.ps.checkpointer import ShardCheckpointer
-
 from tfdist.ps.placement import VariableSpec
 from tfdist.ps.protocol import RequestError
 from tfdist.ps.server import ParameterService
