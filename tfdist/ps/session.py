@@ -276,7 +276,11 @@ class WorkerSession(SessionRecovery, SessionTables):
             parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
             requests = {ps: self._init_request(ps, parts[ps]) for ps in range(self.plan.num_ps)}
             replies = self._request_many(requests)
-            fresh = all(reply.initialized_here for reply in replies.values())
+            held = sorted(ps for ps, reply in replies.items() if not reply.initialized_here)
+            if held and len(held) < self.plan.num_ps:
+                replies = {**replies, **self._reinitialize_held(held, parts, replies)}
+                held = []
+            fresh = not held
             if fresh:
                 self._snapshot = {k: np.array(v, copy=True) for k, v in local_values.items()}
                 self.state.versions = [replies[i].version for i in range(self.plan.num_ps)]
@@ -309,6 +313,27 @@ class WorkerSession(SessionRecovery, SessionTables):
         values = self.pull()
         self._start_heartbeat()
         return values
+
+    def _reinitialize_held(self, held: list[int], parts, replies) -> dict:
+        """The chief found some tasks holding values and others empty: it sets the held ones to its values.
+
+        Taking the held values would start training from a model that is
+        part one state, part another (the empty tasks just took this
+        worker's values): a PS task restarted without ``ps.checkpoint_dir``,
+        or a job started again on tasks of different states. Every task then
+        holds this worker's values (the held ones under a new incarnation,
+        so any other worker that read them re-syncs).
+        """
+        empty = sorted(set(range(self.plan.num_ps)) - set(held))
+        steps = {ps: replies[ps].global_step for ps in held}
+        logger.warning(
+            "worker %d: ps:%s held values (at steps %s) while ps:%s started empty (a PS task restarted without "
+            "ps.checkpoint_dir, or the job started again on tasks of different states). Taking the held values "
+            "would mix two states of the model: every task is set to this worker's values instead, and training "
+            "starts from them. Give ps.checkpoint_dir to resume a job whose PS tasks restart.",
+            self.worker_id, held, [steps[ps] for ps in held], empty)
+        self.state.forget_incarnations()
+        return self._request_many({ps: self._init_request(ps, parts[ps], reset=True) for ps in held})
 
     def pull(self, clock: int | None = None, min_state_step: int | None = None, as_reader: bool = False
              ) -> dict[str, np.ndarray]:
