@@ -219,3 +219,101 @@ def test_real_processes_fit_add_a_head_fit_save_and_plain_keras_loads_it(joined_
 
     batch = load_digits().x_train[:16].reshape(-1, 64)
     np.testing.assert_allclose(plain.predict(batch, verbose=0), r0["head_predictions"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_ps_task_restored_from_a_checkpoint_written_before_a_join_gets_the_joined_variables_again(
+        no_cluster, tmp_path, caplog):
+    """A PS task killed after a head joined restores a checkpoint from before the join: the workers' recovery
+    sends the head's variables again (before: every later request naming them was NOT_FOUND and training died)."""
+    import logging
+
+    from tfdist.cluster.local import free_ports
+    from tfdist.ps.server import PSServer
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 8)).astype("float32")
+    y3 = rng.normal(size=(32, 3)).astype("float32")
+    y2 = rng.normal(size=(32, 2)).astype("float32")
+    ports = free_ports(2)
+
+    def serve(i):
+        return PSServer(None, port=ports[i], token=TOKEN, num_workers=2, checkpoint_dir=str(tmp_path), task_index=i,
+                        num_ps=2, heartbeat_timeout_s=60).start()
+
+    servers = [serve(0), serve(1)]
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": [s.address for s in servers]}
+    strategy = None
+    try:
+        strategy = _strategy("async", cluster, "worker:0")
+        strategy._runtime.config.ps.reconnect_timeout_s = 30
+        base, model = _base(strategy, seed=0)
+        model.fit(x, y3, batch_size=8, epochs=1, verbose=0)
+        before_join = strategy.checkpoint()[1]["step"]  # ps:1's checkpoint, written before the head joins
+        head = _head(strategy, base, seed=1)
+        head.fit(x, y2, batch_size=8, epochs=1, verbose=0)
+        head_keys = [k for k, ps, _ in strategy.placement_table() if "head" in k and ps == 1]
+        assert head_keys and set(head_keys) <= set(servers[1].store.state()["values"])
+
+        servers[1].stop(0)  # killed: what it wrote since the join is lost; it restores the one from before the join
+        from tfdist.ps import checkpoint as ckpt
+
+        for step in ckpt.list_steps(str(tmp_path), 1):
+            if step > before_join:
+                for path in ckpt._paths(str(tmp_path), 1, step):
+                    os.remove(path)
+        servers[1] = serve(1)
+        assert not set(head_keys) & set(servers[1].store.state()["values"])
+        with caplog.at_level(logging.WARNING):
+            history = head.fit(x, y2, batch_size=8, epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"]).all()
+        assert set(head_keys) <= set(servers[1].store.state()["values"])
+        assert "had lost variables that joined" in caplog.text
+        strategy.pull()
+        np.testing.assert_allclose(head.predict(x, verbose=0), head.predict(x, verbose=0))
+    finally:
+        if strategy is not None:
+            strategy.shutdown()
+        for s in servers:
+            s.stop(0)
+
+
+def test_a_ps_task_lost_while_variables_join_is_recovered_from_and_they_join_at_the_next_step(no_cluster, tmp_path):
+    """ps:1 restarts between the first fit and the head's first step: the join meets the lost task, the worker
+    recovers (the head, not in the job yet, is left alone: before, the recovery's load raised KeyError for it) and
+    the head joins at the next step."""
+    from tfdist.cluster.local import free_ports
+    from tfdist.ps.server import PSServer
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 8)).astype("float32")
+    y3 = rng.normal(size=(32, 3)).astype("float32")
+    y2 = rng.normal(size=(32, 2)).astype("float32")
+    ports = free_ports(2)
+
+    def serve(i):
+        return PSServer(None, port=ports[i], token=TOKEN, num_workers=2, checkpoint_dir=str(tmp_path), task_index=i,
+                        num_ps=2, heartbeat_timeout_s=60).start()
+
+    servers = [serve(0), serve(1)]
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": [s.address for s in servers]}
+    strategy = None
+    try:
+        strategy = _strategy("async", cluster, "worker:0")
+        strategy._runtime.config.ps.reconnect_timeout_s = 30
+        base, model = _base(strategy, seed=0)
+        model.fit(x, y3, batch_size=8, epochs=1, verbose=0)
+        head = _head(strategy, base, seed=1)
+        servers[1].stop(0)
+        servers[1] = serve(1)  # a new incarnation: the join's first request to it is refused
+        history = head.fit(x, y2, batch_size=8, epochs=2, verbose=0)
+        assert np.isfinite(history.history["loss"]).all()
+        assert not strategy._runtime.registry.pending
+        joined = [(k, ps) for k, ps, _ in strategy.placement_table() if "head" in k]
+        assert {ps for _, ps in joined} == {0, 1}
+        for k, ps in joined:
+            assert k in servers[ps].store.state()["values"]
+    finally:
+        if strategy is not None:
+            strategy.shutdown()
+        for s in servers:
+            s.stop(0)

@@ -130,3 +130,27 @@ def test_a_schedule_holds_the_steps_its_k_says():
     every3 = EveryK(Blocking(), 3)
     assert [every3.holds(n) for n in range(3)] == [True, True, False]
     assert not Blocking().holds(0) and not Overlapped().holds(0)
+
+
+# ------------------------------------------------------------------ the worker's registry
+def test_a_join_loads_only_the_joined_variables_and_keeps_the_other_local_write_marks():
+    """Loading the job's values of joined variables must not undo a local write of another (load_weights on the
+    base, then a new head: the base's loaded weights are still this worker's to send)."""
+    import tensorflow as tf
+
+    from tfdist.strategies._variable_registry import VariableRegistry
+
+    registry = VariableRegistry()
+    base = tf.Variable(np.zeros(3, np.float32), name="base")
+    registry.register(base, trainable=True)
+    base.assign(np.ones(3, np.float32))  # a local write (set_weights, load_weights)
+    assert registry.written == {registry.key_of(base)}
+    head = tf.Variable(np.zeros(2, np.float32), name="head")
+    registry.register(head, trainable=True, joins=True)
+    assert [s.key for s in registry.peek_pending()] == [registry.key_of(head)]
+    registry.assign({registry.key_of(base): np.full(3, 9.0, np.float32)})  # a read while the head waits: skipped
+    np.testing.assert_array_equal(base.numpy(), np.ones(3, np.float32))  # (kept: written locally)
+    registry.joined(registry.peek_pending())
+    registry.assign({registry.key_of(head): np.full(2, 4.0, np.float32)}, keep_written=False, partial=True)
+    np.testing.assert_array_equal(head.numpy(), np.full(2, 4.0, np.float32))
+    assert registry.written == {registry.key_of(base)} and not registry.pending

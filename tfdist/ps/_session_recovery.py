@@ -77,7 +77,9 @@ class SessionRecovery:
                 logger.warning("worker %d: ps:%s restarted without a checkpoint: its rows of the tables %s are lost "
                                "and start again from their initial values (set ps.checkpoint_dir)", self.worker_id,
                                empty, sorted(self.tables))
-        self.state.forget_incarnations()  # learnt again from the pull's replies
+        self.state.forget_incarnations()  # learnt again from the replies
+        if restarted and not as_reader:
+            self._rejoin(restarted)  # a restored checkpoint may be from before variables joined
         return self.pull(as_reader=as_reader)
 
     def _pause_heartbeat(self) -> bool:
@@ -137,8 +139,9 @@ class SessionRecovery:
                         f"Parameter server ps:{ps} restarted without a checkpoint and the chief did not "
                         f"initialise it again within ps.reconnect_timeout_s={self.reconnect_timeout_s:g} s.")
                 wait = min(remaining, 5.0)
-                reply = self.client.request(ps, WaitInitRequest(self.worker_id, wait, self._shard_specs(ps),
-                                                                 self.policy_spec, self.num_workers),
-                                            timeout=wait + 5.0)
+                joined = set(self.joined)  # (sent again after: the chief may not have joined them all)
+                specs = tuple(sp for sp in self._shard_specs(ps) if self._var_key[sp.key] not in joined)
+                reply = self.client.request(ps, WaitInitRequest(self.worker_id, wait, specs, self.policy_spec,
+                                                                 self.num_workers), timeout=wait + 5.0)
                 if reply.initialized:
                     break

@@ -111,6 +111,8 @@ class GradientSession(WorkerSession):
             # (a consistent cut). Without tables, or without such a cut, reset to this worker's state.
             step = self._roll_back_to_restored_step(statuses, restarted) if self.tables else None
             if step is None:
+                self.state.forget_incarnations()
+                self._rejoin([ps for ps in restarted if statuses[ps].initialized])  # the reset Init names them
                 step = self.state.step
                 parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
                 self.client.request_many({ps: self._init_request(ps, parts[ps], step=step, reset=True)
@@ -123,6 +125,8 @@ class GradientSession(WorkerSession):
         else:
             step = self._wait_for_reset(set(range(n)), deadline)
         self.state.forget_incarnations()
+        if restarted and not as_reader:
+            self._rejoin()  # a restored or rolled-back task may be from before variables joined
         values = self.pull(min_state_step=step, as_reader=as_reader)
         self.state.job_step = self.state.step
         self._resync_at_end, self._write_state_on = False, []

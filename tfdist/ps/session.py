@@ -23,7 +23,7 @@ import logging
 import math
 import threading
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -34,7 +34,6 @@ from tfdist.ps.placement import PlacementPlan, VariableSpec
 from tfdist.ps.sparse import TableSpec
 from tfdist.ps.protocol import (
     DoneRequest,
-    ExtendRequest,
     HeartbeatRequest,
     InitRequest,
     LeaveRequest,
@@ -47,6 +46,7 @@ from tfdist.ps.protocol import (
     WaitInitRequest,
 )
 from tfdist.ps.replies import StatusReply
+from tfdist.ps._session_joins import SessionJoins
 from tfdist.ps._session_recovery import SessionRecovery
 from tfdist.ps._session_tables import SessionTables
 
@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 AUDIT_STEPS = 100_000
 
 
-class WorkerSession(SessionRecovery, SessionTables):
+class WorkerSession(SessionJoins, SessionRecovery, SessionTables):
     """One worker's view of the parameter servers.
 
     Args:
@@ -133,6 +133,8 @@ class WorkerSession(SessionRecovery, SessionTables):
         self._var_key = {sh.key: sh.var_key for sh in plan.shards}
         #: Keys of the variables that joined the job after its first step (sent again in a re-``Init``).
         self.joined: list[str] = []
+        #: This worker's current values (set by the runtime): what a task that lost joined variables gets again.
+        self.local_values: Callable[[], Mapping[str, np.ndarray]] | None = None
         self.stats = {"syncs": 0, "pulls": 0, "bytes_pushed": 0, "bytes_pulled": 0, "sync_seconds": 0.0,
                       "unchanged_replies": 0, "recoveries": 0, "rows_pulled": 0, "rows_pushed": 0}
         self._hb_interval = heartbeat_interval_s
@@ -171,56 +173,6 @@ class WorkerSession(SessionRecovery, SessionTables):
                            step=step, nonfinite=self.nonfinite, reset=reset,
                            tables=tuple(TableShard(t, ps, self.plan.num_ps) for t in self.tables.values()),
                            joined=tuple(s.key for s in specs if self._var_key[s.key] in joined))
-
-    def extend(self, plan: PlacementPlan, new: Sequence[VariableSpec], local_values: Mapping[str, np.ndarray]
-               ) -> tuple[dict[str, np.ndarray], frozenset[str]]:
-        """Variables created after the job's first step join it: ``Extend`` to every task holding a piece.
-
-        ``plan``: the plan so far with ``new`` placed after it (the same on
-        every worker). Returns the job's values of the new variables and the
-        keys this call added to the job (for those, the job's values are
-        this worker's: the caller need not load them). Nothing of this
-        session changes unless every task accepted.
-        """
-        new_keys = {s.key for s in new}
-        by_key = {**self._by_key, **{s.key: s for s in new}}
-        pieces = [sh for sh in plan.shards if sh.var_key in new_keys]
-        requests = {}
-        for ps in range(plan.num_ps):
-            mine = [sh for sh in pieces if sh.ps == ps]
-            if not mine:
-                continue
-            specs, values = [], {}
-            for sh in mine:
-                spec, value = by_key[sh.var_key], np.asarray(local_values[sh.var_key])
-                if sh.rows is not None:
-                    shape = (sh.rows[1] - sh.rows[0], *spec.shape[1:])
-                    spec, value = VariableSpec(sh.key, spec.dtype, shape, spec.trainable), value[sh.rows[0]:sh.rows[1]]
-                elif sh.key != spec.key:
-                    spec = VariableSpec(sh.key, spec.dtype, spec.shape, spec.trainable)
-                specs.append(spec)
-                values[sh.key] = np.array(value, order="C")  # (ascontiguousarray would make a scalar 1-d)
-            requests[ps] = ExtendRequest(self.worker_id, tuple(specs), values, self.state.incarnations[ps])
-        replies = self._request_many(requests)
-        found = {k: v for r in replies.values() for k, v in r.values.items()}
-        added_pieces = {k for r in replies.values() for k in r.added}
-        out = {}
-        for spec in new:
-            shards = [sh for sh in pieces if sh.var_key == spec.key]
-            out[spec.key] = (found[shards[0].key] if len(shards) == 1 and shards[0].rows is None
-                             else np.concatenate([found[sh.key] for sh in shards], axis=0))
-        added = frozenset(s.key for s in new if all(sh.key in added_pieces for sh in pieces if sh.var_key == s.key))
-        # -- every task accepted: the session knows the variables from now on
-        self.specs = [*self.specs, *new]
-        self._by_key = by_key
-        self.plan = plan
-        self._var_key.update({sh.key: sh.var_key for sh in pieces})
-        self.joined.extend(s.key for s in new)
-        for key, value in out.items():
-            self._snapshot[key] = np.array(value, copy=True)
-            if self._base is not None:
-                self._base[key] = np.array(value, copy=True)
-        return out, added
 
     # ------------------------------------------------------------- tables
     def _lookup_clock(self) -> int | None:

@@ -161,19 +161,18 @@ class PSRuntime(RuntimeTables):
         """
         with self._exchange_lock:
             session = self.session
-            pending = self.registry.take_pending()
+            pending = self.registry.peek_pending()  # they stay pending (reads skip them) until the job has them
             if session is None or not pending:
-                self.registry.put_back(pending)
                 return
             self._before_join()
             placement = make_placement(self.config.ps.placement, self.config.ps.partition_threshold_bytes)
             plan = placement.extend(session.plan, session.specs, pending)
             local = self.registry.values()
             joined = self._recovering(lambda: session.extend(plan, pending, local))
-            if joined is None:
-                self.registry.put_back(pending)
+            if joined is None:  # a PS task was lost and recovered from: they join at the next call
                 return
             values, added = joined
+            self.registry.joined(pending)
             self.plan = plan
             theirs = {k: v for k, v in values.items() if k not in added}
             if theirs:
@@ -214,6 +213,7 @@ class PSRuntime(RuntimeTables):
                 reconnect_timeout_s=self.config.ps.reconnect_timeout_s,
                 tables=self._table_specs(),
             )
+            session.local_values = self.registry.values  # what a task that lost joined variables gets again
             values = session.initialize(self.registry.values() if self.is_chief else {})
             # Writes before joining: the chief's became the job's initial values, or the job's win.
             self.registry.written.clear()

@@ -82,7 +82,7 @@ class VariableRegistry:
         #: Names of variables a reader (evaluator) created after it joined the job: they stay local.
         self.late: list[str] = []
         #: Specs of variables created after the job started, not yet joined to it (the runtime joins them
-        #: before the next step or read: :meth:`take_pending`).
+        #: before the next step or read: :meth:`peek_pending`, :meth:`joined`).
         self.pending: list[VariableSpec] = []
         self._pending_lock = threading.Lock()
         #: Owners of registered variables that implement ``finalize_state``.
@@ -133,16 +133,16 @@ class VariableRegistry:
         if watch:
             self._watch(var, key)
 
-    def take_pending(self) -> list[VariableSpec]:
-        """The variables waiting to join the job, in creation order (the list is emptied)."""
+    def peek_pending(self) -> list[VariableSpec]:
+        """The variables waiting to join the job, in creation order (they stay pending)."""
         with self._pending_lock:
-            pending, self.pending = self.pending, []
-        return pending
+            return list(self.pending)
 
-    def put_back(self, specs: list[VariableSpec]) -> None:
-        """A join that did not happen (a lost PS): the variables wait for the next one, first."""
+    def joined(self, specs: list[VariableSpec]) -> None:
+        """``specs`` are in the job now: no longer pending."""
+        keys = {s.key for s in specs}
         with self._pending_lock:
-            self.pending = [*specs, *self.pending]
+            self.pending = [s for s in self.pending if s.key not in keys]
 
     def _watch(self, var: tf.Variable, key: str) -> None:
         """Marks ``key`` written when ``var`` is assigned eagerly by anyone but this registry."""
@@ -196,7 +196,10 @@ class VariableRegistry:
         finally:
             self._own_write = False
         if not keep_written:
-            self.written.clear()
+            if partial:
+                self.written.difference_update(values)  # only the variables written now lose their marks
+            else:
+                self.written.clear()
         if kept and kept != self._kept_logged:
             self._kept_logged = kept
             logger.info("kept %d variable(s) written locally (e.g. set_weights, load_weights, EarlyStopping's "
