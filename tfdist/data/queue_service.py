@@ -267,8 +267,8 @@ class SharedQueueServer:
         return self._stopped.wait(timeout)
 
     def stats(self) -> dict:
-        """Per-worker and per-epoch counters (see ``DeliveryLedger.stats``)."""
-        return {**self._ledger.stats(), "address": self._address}
+        """Per-worker and per-epoch counters (see ``DeliveryLedger.stats``), calls waiting and refused."""
+        return self._requests.handle("Stats", {}, {})[0]
 
     def __enter__(self) -> "SharedQueueServer":
         return self.start()
@@ -366,7 +366,14 @@ class QueueService:
         self._stats_extra = stats_extra or {}
         #: Requests refused, by method.
         self.rejected: dict[str, int] = {}
+        self._waiting = 0
         self._lock = threading.Lock()
+
+    @property
+    def waiting_calls(self) -> int:
+        """Calls held waiting now (at most ``max_waiters``)."""
+        with self._lock:
+            return self._waiting
 
     def handle(self, method: str, meta: Any, tensors: dict, budget: float | None = None) -> tuple[dict, dict]:
         """Parses, validates and applies one request.
@@ -390,9 +397,13 @@ class QueueService:
                 return self._apply(request, 0.0)
             if not self._waiters.acquire(blocking=False):
                 return self._apply(request, 0.0)  # every waiting slot is taken: answer now
+            with self._lock:
+                self._waiting += 1
             try:
                 return self._apply(request, wait)
             finally:
+                with self._lock:
+                    self._waiting -= 1
                 self._waiters.release()
         except (SharedQueueError, QueueClosedError):
             with self._lock:
@@ -426,7 +437,9 @@ class QueueService:
         if isinstance(req, queue_protocol.CloseRequest):
             ledger.close()
             return {"closed": True}, {}
-        return {**ledger.stats(), **self._stats_extra}, {}
+        with self._lock:
+            service = {"waiting_calls": self._waiting, "refused": dict(self.rejected)}
+        return {**ledger.stats(), **service, **self._stats_extra}, {}
 
 
 # -- command line ---------------------------------------------------------------------
@@ -460,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enqueue-many", action="store_true", help="producer items are batches")
     parser.add_argument("--use-processes", action="store_true")
     parser.add_argument("--worker-timeout-s", type=float, default=10.0)
+    parser.add_argument("--max-wait-s", type=float, default=5.0,
+                        help="longest the server holds a call waiting, whatever the call asks")
     parser.add_argument("--no-auth", action="store_true", help="accept calls without a token")
     return parser
 
@@ -496,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
             host=args.host,
             token=token or None,
             worker_timeout_s=args.worker_timeout_s,
+            max_wait_s=args.max_wait_s,
         ).start()
     except (TfdistError, OSError, ImportError, AttributeError) as e:
         logger.error("%s", e)
