@@ -42,7 +42,7 @@ from tfdist import constants
 from tfdist.cluster import k8s
 from tfdist.cluster.local import LocalJob, task_argv, task_environment
 from tfdist.config import MAX_SECONDS, load_config, parse_task
-from tfdist.errors import ConfigError, LaunchError, TaskConfigError, TfdistError
+from tfdist.errors import ConfigError, LaunchError, TaskConfigError, TfdistError, TLSConfigError
 
 __all__ = ["main"]
 
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tfdist.launch: got {signal.Signals(signum).name}; stopping every task", file=sys.stderr)
         job.stop(grace=3.0)
         return 128 + signum
-    except TaskConfigError as e:
+    except (TaskConfigError, TLSConfigError) as e:  # TLS: the elastic engine's own client reaches the PS tasks
         print(f"tfdist.launch: {e}", file=sys.stderr)
         return 2
     except LaunchError as e:
