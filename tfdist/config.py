@@ -99,8 +99,8 @@ def _check_integers(path: str, value: Any) -> None:
     if isinstance(value, int) and not isinstance(value, bool):
         if abs(value) > MAX_CONFIG_INT:
             raise ConfigError(
-                f"Invalid config field `{path}`. Received: an integer of {value.bit_length()} bits. Integers in a config are at most 2**53 ({MAX_CONFIG_INT}); "
-                "give a value in the field's range."
+                f"Invalid config field `{path}`. Received: an integer of {value.bit_length()} bits. Integers in a "
+                f"config are at most 2**53 ({MAX_CONFIG_INT}); give a value in the field's range."
             )
     elif isinstance(value, Mapping):
         for key, item in value.items():

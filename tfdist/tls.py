@@ -133,7 +133,8 @@ def diagnose(address: str, tls_ca: str | None, *, what: str = "the parameter ser
             return (f"TLS: the certificate of {what} at {address} is not signed by the CA in "
                     f"{ca_setting}={tls_ca!r} ({reason}). Give the CA that signed {what}'s certificate "
                     f"({server_settings}), or sign that certificate with this CA.")
-        return f"TLS: the certificate of {what} at {address} was refused ({reason}); check {ca_setting} and {server_settings}."
+        return (f"TLS: the certificate of {what} at {address} was refused ({reason}); check {ca_setting} and "
+                f"{server_settings}.")
     except ssl.SSLError as e:
         if tls_ca:
             return (f"TLS: {what} at {address} does not answer a TLS handshake ({e.reason or e}), but this client "

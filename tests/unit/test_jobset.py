@@ -84,7 +84,8 @@ def test_one_indexed_replicated_job_per_role_in_start_order():
         assert spec["podReplacementPolicy"] == "Failed"
         assert spec["template"]["spec"]["restartPolicy"] == "Never"
         assert "hostname" not in spec["template"]["spec"]  # the JobSet controller sets it
-    assert doc["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": "digits", "publishNotReadyAddresses": True}
+    assert doc["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": "digits",
+                                      "publishNotReadyAddresses": True}
 
 
 def test_each_pod_resolves_its_own_task_at_the_jobset_dns_names():
