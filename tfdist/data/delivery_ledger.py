@@ -218,13 +218,16 @@ class DeliveryLedger:
         spec = queue.element_spec or self._element_spec_locked()
         if spec is None:
             return
-        if got.structure != spec.structure or tuple(got.names) != tuple(spec.names):
+        same_names = (set(got.names) == set(spec.names) if spec.structure == "dict"  # a dict's key order is free
+                      else tuple(got.names) == tuple(spec.names))
+        if got.structure != spec.structure or not same_names:
             raise QueueRequestError(
                 f"Enqueue: the queue holds {spec.structure} elements with components {short(list(spec.names))}. "
                 f"Received: a {got.structure} with {short(list(got.names))}. Send elements structured as the first."
             )
-        for name, want, have, want_shape, have_shape in zip(spec.names, spec.dtypes, got.dtypes, spec.shapes,
-                                                             got.shapes):
+        received = {name: (dtype, shape) for name, dtype, shape in zip(got.names, got.dtypes, got.shapes)}
+        for name, want, want_shape in zip(spec.names, spec.dtypes, spec.shapes):
+            have, have_shape = received[name]
             if not np.can_cast(have, want, casting="same_kind"):
                 raise QueueRequestError(
                     f"Enqueue: component {short(name)} is {np.dtype(have).name}; the queue holds "

@@ -115,6 +115,17 @@ def test_an_element_unlike_the_queue_s_is_refused_before_any_row_goes_in():
     assert meta == {"enqueued": 2}  # a type that casts to the queue's is fine
 
 
+def test_dict_elements_may_list_their_keys_in_any_order():
+    queue = FIFOQueue(10)
+    ledger = DeliveryLedger(queue, worker_timeout_s=5.0)
+    svc = QueueService(ledger, queue, max_wait_s=0.0)
+    svc.handle("Enqueue", {"names": ["x", "y"], "structure": "dict"}, {"x": np.zeros((1, 2)), "y": np.arange(1)})
+    meta, _ = svc.handle("Enqueue", {"names": ["y", "x"], "structure": "dict"}, {"x": np.ones((1, 2)), "y": np.arange(1)})
+    assert meta == {"enqueued": 1}
+    with pytest.raises(QueueRequestError, match="per-example shape"):
+        svc.handle("Enqueue", {"names": ["y", "x"], "structure": "dict"}, {"x": np.ones((1, 3)), "y": np.arange(1)})
+
+
 def test_a_dequeue_for_an_epoch_not_produced_yet_creates_nothing():
     svc, ledger = make()
     before = ledger.state()["epochs"]
