@@ -71,6 +71,10 @@ MAX_TASK_COUNT = 65535 - 1024
 MAX_CONFIG_BYTES = 1024 * 1024
 #: Most YAML nodes a config file may expand to, every use of an alias counted in full ("billion laughs").
 MAX_CONFIG_NODES = 100_000
+#: An environment variable's name (POSIX portable: what ``launch.env`` may set).
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Variables the launcher sets for each task (``launch.env`` may not override them).
+_LAUNCHER_ENV = ("TF_CONFIG", "TFDIST_CONFIG", "TFDIST_TOKEN")
 #: The policies of ``launch.on_worker_failure`` (see ``tfdist.cluster.failure``).
 ON_WORKER_FAILURE = ("auto", "continue", "stop")
 
@@ -79,9 +83,31 @@ def _fail(path: str, value: Any, fix: str) -> ConfigError:
     return ConfigError(f"Invalid config field `{path}`. Received: {path}={value!r}. {fix}")
 
 
+#: Largest integer a config field takes (exact in a float64 and in JSON); beyond it is a typo, and a
+#: larger value overflows float conversions, thread counts and gRPC options where the task starts.
+MAX_CONFIG_INT = 2**53
+
+
 def _is_number(value: Any) -> bool:
-    """A real int or float (``True`` is not a number of seconds)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A real int or float (``True`` is not a number of seconds; 10**400 is not a finite number)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        not isinstance(value, int) or abs(value) <= MAX_CONFIG_INT)
+
+
+def _check_integers(path: str, value: Any) -> None:
+    """Refuses any integer beyond ``MAX_CONFIG_INT`` anywhere in a config mapping, naming its field."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_CONFIG_INT:
+            raise ConfigError(
+                f"Invalid config field `{path}`. Received: an integer of {value.bit_length()} bits. Integers in a "
+                f"config are at most 2**53 ({MAX_CONFIG_INT}); give a value in the field's range."
+            )
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_integers(f"{path}.{key}" if path else str(key), item)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_integers(f"{path}[{i}]", item)
 
 
 def _check_number(path: str, value: Any, low: float | None = None, high: float | None = None,
@@ -485,8 +511,10 @@ class PSConfig:
                 f"ps.heartbeat_timeout_s={self.heartbeat_timeout_s!r}. Make the interval smaller than the timeout "
                 "(a third of it or less leaves room for a late heart-beat), e.g. 2 and 30."
             )
-        if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) or self.max_message_bytes < 1024:
-            raise _fail("ps.max_message_bytes", self.max_message_bytes, "Give a number of bytes >= 1024.")
+        if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) \
+                or not 1024 <= self.max_message_bytes <= 2**31 - 1:
+            raise _fail("ps.max_message_bytes", self.max_message_bytes,
+                        "Give a number of bytes from 1024 to 2147483647 (gRPC's largest message, 2 GiB - 1).")
 
     def check_checkpoint_dir(self) -> None:
         """Checks that a local ``checkpoint_dir`` is, or can become, a directory on this machine.
@@ -765,9 +793,9 @@ class LaunchConfig:
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise _fail("launch.max_restarts", self.max_restarts, "Give a whole number >= 0.")
         t = self.threads_per_task
-        if not (t is None or t == "auto" or (isinstance(t, int) and not isinstance(t, bool) and t > 0)):
+        if not (t is None or t == "auto" or (isinstance(t, int) and not isinstance(t, bool) and 0 < t <= 4096)):
             raise _fail("launch.threads_per_task", t,
-                        'Give "auto" (divide the cores among local training tasks), a positive number, or null.')
+                        'Give "auto" (divide the cores among local training tasks), a number from 1 to 4096, or null.')
         if not isinstance(self.log_all_tasks, bool):
             raise _fail("launch.log_all_tasks", self.log_all_tasks, "Give true or false.")
         if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
@@ -779,9 +807,21 @@ class LaunchConfig:
                         "can do without, continue goes on without any worker but the chief, stop stops the job.")
         if not isinstance(self.env, dict) or not all(isinstance(k, str) for k in self.env):
             raise _fail("launch.env", self.env, "Give a mapping of variable names to values.")
+        for name, value in self.env.items():
+            if not _ENV_NAME.fullmatch(name):
+                raise _fail(f"launch.env.{name}", value, "An environment variable's name is letters, digits and "
+                            "underscores, not starting with a digit (no '=', no spaces, not empty).")
+            if name in _LAUNCHER_ENV:
+                raise _fail(f"launch.env.{name}", value, f"The launcher sets {name} for each task itself; "
+                            "remove it from launch.env (the token: security.token_env or security.token_file).")
+            if value is None or isinstance(value, (dict, list)) or "\0" in str(value):
+                raise _fail(f"launch.env.{name}", value, "Give a string, number or boolean (no NUL character).")
         self.env = {k: str(v) for k, v in self.env.items()}
         if not isinstance(self.input_args, list):
             raise _fail("launch.input_args", self.input_args, "Give a list of command-line arguments.")
+        for i, arg in enumerate(self.input_args):
+            if arg is None or isinstance(arg, (dict, list)) or "\0" in str(arg):
+                raise _fail(f"launch.input_args[{i}]", arg, "Give each argument as a string or number (no NUL).")
         self.input_args = [str(a) for a in self.input_args]
         if not isinstance(self.slowdown, dict):
             raise _fail("launch.slowdown", self.slowdown, 'Map tasks to settings, e.g. {"worker:1": {"factor": 3}}.')
@@ -1148,6 +1188,7 @@ class JobConfig:
             raise ConfigError(
                 f"Unknown config field `{unknown[0]}`. Top-level fields are: {sorted(top)}."
             )
+        _check_integers("", data)
         kwargs = {key: _build(cls_, data.get(key), key) for key, cls_ in _SECTIONS.items() if key in data}
         if isinstance(data.get("elastic"), Mapping) and "enabled" not in data["elastic"]:
             kwargs["elastic"] = dataclasses.replace(kwargs["elastic"], enabled=True)

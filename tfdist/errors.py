@@ -77,6 +77,17 @@ class JobMismatchError(PSRejectedError, ConfigError):
     """
 
 
+class TLSConfigError(PSError, ConfigError):
+    """TLS between a client and a server fails for a reason that waiting cannot fix.
+
+    No CA on a client of a TLS server, a CA that did not sign the server's
+    certificate, a certificate for other names, an expired one, a server
+    without TLS for a client with a CA. The message says TLS and names the
+    file or setting to fix (:mod:`tfdist.tls`). A :class:`ConfigError`: the
+    task exits with the config-error code and is not restarted.
+    """
+
+
 class PSWaitTimeoutError(PSError):
     """A wait on a parameter server ran out of time; the server itself is fine.
 

@@ -15,16 +15,21 @@ again fails the same way. A task whose script ends with an uncaught
 ``sysexits.h``) instead of Python's 1, and the launcher never restarts a task
 that exits with it.
 
-A script that ends with ``sys.exit(code)`` (code not 0) is not seen here in
-a plain interpreter (Python reports no ``SystemExit`` to any hook): such a
-script should call ``strategy.shutdown(done=False)`` before it exits, or
-raise an exception instead. Tasks the launcher forks from its zygote
-(``TFDIST_FAST_START=1``) are seen either way.
+Python reports no ``SystemExit`` to any hook, so :func:`install` also wraps
+``sys.exit`` and the ``exit``/``quit`` builtins: a script (its main thread)
+that calls ``sys.exit(1)`` (or any non-zero code or a message) is recorded
+as failed before the ``SystemExit`` is raised. Left unseen in a plain
+interpreter: ``raise SystemExit(1)`` written out, and ``os._exit`` (no exit
+hook runs at all). The last call wins: a script that catches the
+``SystemExit`` of ``sys.exit(1)`` and then ends cleanly is still recorded as
+failed unless it calls ``sys.exit(0)``. Tasks the launcher forks from its
+zygote (``TFDIST_FAST_START=1``) are seen either way.
 """
 
 from __future__ import annotations
 
 import atexit
+import builtins
 import logging
 import os
 import sys
@@ -103,9 +108,21 @@ def ended_with_error() -> bool:
     with _lock:
         if _recorded_code is not None:
             return _recorded_code != 0
-    if getattr(sys, "last_value", None) is not None and "IPython" not in sys.modules:
+    if getattr(sys, "last_value", None) is not None and not _in_ipython():
         return not (isinstance(sys.last_value, SystemExit) and not sys.last_value.code)
     return False
+
+
+def _in_ipython() -> bool:
+    """Whether an IPython shell runs this process (its cells catch ``SystemExit``; it leaves ``sys.last_value`` set).
+
+    ``"IPython" in sys.modules`` is not the test: TensorFlow and Keras import IPython in a plain interpreter.
+    """
+    ipython = sys.modules.get("IPython")
+    try:
+        return ipython is not None and ipython.get_ipython() is not None
+    except Exception:  # noqa: BLE001 - an IPython without get_ipython: not a shell
+        return False
 
 
 def _excepthook(exc_type, exc, tb, _previous=None):
@@ -146,4 +163,21 @@ def install() -> None:
         _excepthook(exc_type, exc, tb, previous)
 
     sys.excepthook = hook
+    sys.exit = _recording_exit(sys.exit)
+    for name in ("exit", "quit"):  # site's Quitter objects raise SystemExit themselves
+        if hasattr(builtins, name):
+            setattr(builtins, name, _recording_exit(getattr(builtins, name)))
     atexit.register(_exit_with_config_code)
+
+
+def _recording_exit(exit_fn):
+    """``exit_fn`` that first records the code when the main thread calls it (a thread's exit ends only itself)."""
+
+    def exit(status=None):  # noqa: A001 - the name Python users see
+        if threading.current_thread() is threading.main_thread() and not _in_ipython():
+            record_exit(exit_code_for(SystemExit(status)) if not isinstance(status, str) else 1)
+        exit_fn(status)
+
+    exit.__doc__ = exit_fn.__doc__
+    exit.__wrapped__ = exit_fn
+    return exit

@@ -7,7 +7,9 @@ the same way:
 * **Authentication before the body.** The job token is checked by a server
   interceptor from the call's metadata, before gRPC reads the request: an
   unauthenticated caller is refused with ``UNAUTHENTICATED`` and never makes
-  the server buffer its message. An oversize message is refused by gRPC from
+  the server buffer its message beyond the HTTP/2 flow-control window, which
+  :data:`SERVER_OPTIONS` keeps at 512 KiB (no BDP probing): a refused request
+  costs the server under 1 MB whatever its size. An oversize message is refused by gRPC from
   its length prefix (``RESOURCE_EXHAUSTED``) before it is buffered. An
   authenticated request of ``n`` bytes costs the server about ``2 n`` while
   it is decoded (gRPC's buffer and the Python bytes), bounded by
@@ -40,6 +42,14 @@ from tfdist import wire
 __all__ = ["WireService", "Handler"]
 
 logger = logging.getLogger(__name__)
+
+#: gRPC channel arguments every tfdist server adds to its own. BDP probing off and a 512 KiB flow-control
+#: window: gRPC's BDP probing grows the receive window to many MiB, and a call refused for its token has its
+#: body buffered up to that window (a 256 MiB unauthenticated request cost the server 4.4 MB, 64 concurrent
+#: 16 MiB ones 177-210 MB); with these, 0.8 MB and 12 MB (0.2 MB each), at a cost of a few percent on
+#: authenticated 16 MiB pushes and none measurable on 256 KiB ones (benchmarks/unauth_cost.py,
+#: docs/benchmarks.md).
+SERVER_OPTIONS: list[tuple[str, int]] = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 512 * 1024)]
 
 #: ``handler(meta, tensors, context) -> (meta, tensors) | bytes`` (already-encoded reply).
 Handler = Callable[[dict, dict, grpc.ServicerContext], Any]
@@ -112,6 +122,7 @@ class WireService:
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
+            *SERVER_OPTIONS,
         ]
         interceptors = [_Authenticate(self._token, what, how_to_fix_token)] if self._token else []
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_threads), options=options,

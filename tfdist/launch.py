@@ -10,8 +10,9 @@ machine runs the same command with its own ``--task`` and the same
 
     TFDIST_TOKEN=... python -m tfdist.launch --config configs/multi_machine.yaml --task worker:1 train.py
 
-Kubernetes manifests instead of a launch (a Kubeflow TFJob, or plain Jobs and
-a headless Service; see :mod:`tfdist.cluster.k8s` and docs/kubernetes.md)::
+Kubernetes manifests instead of a launch (a Kubeflow TFJob, plain Jobs and a
+headless Service, or a JobSet; see :mod:`tfdist.cluster.k8s`,
+:mod:`tfdist.cluster.jobset` and docs/kubernetes.md)::
 
     python -m tfdist.launch --config configs/multi_machine.yaml --emit kubeflow --image IMAGE train.py > job.yaml
 
@@ -42,7 +43,7 @@ from tfdist import constants
 from tfdist.cluster import k8s
 from tfdist.cluster.local import LocalJob, task_argv, task_environment
 from tfdist.config import MAX_SECONDS, load_config, parse_task
-from tfdist.errors import ConfigError, LaunchError, TaskConfigError, TfdistError
+from tfdist.errors import ConfigError, LaunchError, TaskConfigError, TfdistError, TLSConfigError
 
 __all__ = ["main"]
 
@@ -62,8 +63,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="stop every task and exit 1 if the local job runs longer than this many seconds "
                         "(overrides launch.job_timeout_s; with --emit: activeDeadlineSeconds)")
     emit = p.add_argument_group("Kubernetes manifests (written instead of launching anything)")
-    emit.add_argument("--emit", choices=("kubeflow", "k8s"),
-                      help="write a Kubeflow TFJob (kubeflow) or plain Jobs + a headless Service (k8s) for the config; "
+    emit.add_argument("--emit", choices=("kubeflow", "k8s", "jobset"),
+                      help="write a Kubeflow TFJob (kubeflow), plain Jobs + a headless Service (k8s) or a JobSet "
+                           "(jobset) for the config; "
                            "SCRIPT is its path inside the image (without one, training pods run the image's "
                            "entrypoint)")
     emit.add_argument("--image", help="container image with Python, tfdist and the script (required with --emit)")
@@ -77,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                            "(default: <name>-checkpoints)")
     emit.add_argument("--no-checkpoint-volume", action="store_true", help="mount no checkpoint volume")
     emit.add_argument("--checkpoint-claim-per-ps", action="store_true",
-                      help="each PS task mounts its own claim CLAIM-ps-<i> (--emit k8s; a TFJob cannot)")
+                      help="each PS task mounts its own claim CLAIM-ps-<i> (--emit k8s; a TFJob or JobSet cannot)")
     p.add_argument("script", nargs="?", help="training script run by chief/worker/evaluator tasks")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -103,7 +105,7 @@ def _check_emit_options(args) -> None:
         given = [flag for name, flag in _EMIT_OPTIONS.items() if getattr(args, name)]
         if given:
             raise ConfigError(f"{given[0]} is an option of --emit (Kubernetes manifests). Received: {given[0]} "
-                              "without --emit. Add --emit kubeflow or --emit k8s, or leave it out.")
+                              "without --emit. Add --emit kubeflow, k8s or jobset, or leave it out.")
         return
     given = [(flag, getattr(args, name)) for name, flag in _LAUNCH_OPTIONS.items() if getattr(args, name)]
     if given:
@@ -134,7 +136,9 @@ def _emit(config, args) -> int:
     options = dict(namespace=namespace, checkpoint_claim=args.checkpoint_claim,
                    checkpoint_volume=not args.no_checkpoint_volume,
                    checkpoint_claim_per_ps=args.checkpoint_claim_per_ps)
-    build = k8s.kubeflow_tfjob if args.emit == "kubeflow" else k8s.kubernetes_jobs
+    from tfdist.cluster import jobset
+
+    build = {"kubeflow": k8s.kubeflow_tfjob, "k8s": k8s.kubernetes_jobs, "jobset": jobset.kubernetes_jobset}[args.emit]
     docs = build(config, args.image, args.script, args.script_args, **options)
     docs = [docs] if isinstance(docs, dict) else docs
     if args.emit_secret:
@@ -279,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tfdist.launch: got {signal.Signals(signum).name}; stopping every task", file=sys.stderr)
         job.stop(grace=3.0)
         return 128 + signum
-    except TaskConfigError as e:
+    except (TaskConfigError, TLSConfigError) as e:  # TLS: the elastic engine's own client reaches the PS tasks
         print(f"tfdist.launch: {e}", file=sys.stderr)
         return 2
     except LaunchError as e:

@@ -45,3 +45,23 @@ def test_federated_cli_config_mistakes_exit_2(tmp_path, name, text, extra, words
     for word in words:
         assert word in r.stderr, r.stderr
     assert time.monotonic() - t0 < 30  # refused before any data is loaded or model built
+
+
+@pytest.mark.parametrize("where", ["--output", "config", "folder"])
+def test_an_output_that_cannot_be_written_exits_2_before_the_experiment_runs(tmp_path, where):
+    """Issue 26: an output folder that cannot be created failed after the whole run (a traceback, exit 1)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    target = str(blocker / "out" / "history.json")  # under a file: its folder cannot be created
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"output: {target}\n" if where == "config" else "simulation: {rounds: 1}\n")
+    extra = {"--output": ["--output", target], "config": [], "folder": ["--output", str(tmp_path)]}[where]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run([sys.executable, "-m", "tfdist.federated", "--config", str(path), *extra], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and r.stderr.startswith("python -m tfdist.federated: "), r.stderr[-2000:]
+    setting = {"--output": "--output", "config": "output (in the config)", "folder": "--output"}[where]
+    assert f"Invalid {setting}" in r.stderr, r.stderr
+    assert ("is a folder" if where == "folder" else "cannot create the folder") in r.stderr, r.stderr
+    assert "round" not in r.stdout  # nothing ran

@@ -241,6 +241,14 @@ BAD_CONFIGS = [
     ("local-workers", "cluster: {ps: 1, worker: 5000}\n", ["cluster.worker", "5000", "at most", "--task"]),
     ("laughs", LAUGHS, ["alias"]),
     ("policy", "launch: {on_worker_failure: sometimes}\n", ["launch.on_worker_failure", "auto"]),
+    # Issue 26: these got past validation and failed later, with a traceback or at every checkpoint.
+    ("checkpoint-under-file", "ps: {checkpoint_dir: /dev/null/ckpt}\n", ["ps.checkpoint_dir", "under '/dev/null'"]),
+    ("log-dir-under-file", "launch: {log_dir: /dev/null/logs}\n", ["launch.log_dir", "/dev/null/logs"]),
+    ("env-name", "launch: {env: {'A=B': 1}}\n", ["launch.env.A=B", "letters, digits"]),
+    ("env-reserved", "launch: {env: {TF_CONFIG: x}}\n", ["launch.env.TF_CONFIG", "sets TF_CONFIG"]),
+    ("threads", "launch: {threads_per_task: 100000000000}\n", ["launch.threads_per_task", "4096"]),
+    ("huge-int", "ps: {rpc_timeout_s: 1" + "0" * 400 + "}\n", ["ps.rpc_timeout_s", "2**53"]),
+    ("message-bytes", "ps: {max_message_bytes: 1099511627776}\n", ["ps.max_message_bytes", "2147483647"]),
 ]
 
 

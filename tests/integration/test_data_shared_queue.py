@@ -250,7 +250,7 @@ def test_standalone_service_with_a_remote_producer_and_token(children):
     assert [e["size"] for e in events if e["event"] == "batch"][-1] == 2  # final smaller batch
     producer.disconnect()
     service.proc.send_signal(signal.SIGTERM)
-    assert service.proc.wait(T) == 0
+    assert service.proc.wait(T) == 143  # 128 + SIGTERM, as a PS task
 
 
 def test_service_refuses_to_start_without_a_token(children):
@@ -318,3 +318,53 @@ def test_an_abandoned_iteration_does_not_end_the_epoch_and_nothing_is_delivered_
         finally:
             queue.disconnect()
     assert audit.exactly_once(0, n) and audit.exactly_once(1, n)
+
+
+def _raw_stub(address, method):
+    import grpc
+
+    channel = grpc.insecure_channel(address)
+    return channel, channel.unary_unary(f"/tfdist.data.SharedQueue/{method}")
+
+
+def test_hostile_requests_are_refused_and_long_waits_neither_starve_the_service_nor_block_sigterm(children):
+    """Issue 26: 33 Dequeues asking to wait 1e9 s starved the service and SIGTERM no longer stopped it;
+    10**400, a dict or 10,000-character worker and unknown fields were accepted or answered INTERNAL."""
+    import grpc
+    from tfdist import wire
+
+    service = children(["-m", "tfdist.data.queue_service", "--port", "0", "--host", "127.0.0.1", "--max-wait-s", "30"])
+    address = service.wait_line(lambda l: "listening on" in l).rsplit(" ", 1)[1]
+    auth = [(constants.AUTH_METADATA_KEY, TOKEN)]
+    channel, dequeue = _raw_stub(address, "Dequeue")
+    try:
+        for meta in [{"worker": "w", "n": 1, "wait_s": 1e9}, {"worker": "w", "n": 10**400},
+                     {"worker": "w", "n": 1, "acks": [10**400]}, {"worker": {"a": 1}, "n": 1},
+                     {"worker": "x" * 10_000, "n": 1}, {"worker": "w", "n": 1, "unknown": 1}, {"n": 0}]:
+            with pytest.raises(grpc.RpcError) as info:
+                dequeue(wire.encode(meta, {}), timeout=T, metadata=auth)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (meta, info.value.details())
+            assert len(info.value.details()) < 600
+        # 33 calls asking for the longest wait the protocol allows (an hour), on an empty queue
+        hostile = [dequeue.future(wire.encode({"worker": f"h{i}", "n": 1, "wait_s": 3600.0}, {}), timeout=T,
+                                  metadata=auth) for i in range(33)]
+        client = SharedQueue(address, token=TOKEN, timeout_s=T)
+        deadline = time.monotonic() + T
+        while client.stats()["waiting_calls"] < 16:  # half the 32 threads wait; the rest answered "retry"
+            assert time.monotonic() < deadline, client.stats()
+            time.sleep(0.05)  # polls real state; bounded by T
+        stats = client.stats()  # the service still answers while the waiting slots are full
+        assert stats["waiting_calls"] == 16 and stats["refused"] == {"Dequeue": 7}
+        assert set(stats["workers"]) <= {f"h{i}" for i in range(33)}  # no refused request registered a worker
+        client.enqueue_many({"x": np.zeros((2, 2), np.float32)})  # and takes data
+        client.disconnect()
+        service.proc.send_signal(signal.SIGTERM)
+        assert service.finish() == 143  # stopped within T although 16 calls asked to wait an hour
+        for f in hostile:
+            try:
+                meta, _ = wire.decode(f.result(timeout=T))
+                assert meta["status"] in ("batch", "retry")
+            except grpc.RpcError as e:  # the stop cancelled it
+                assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), e
+    finally:
+        channel.close()

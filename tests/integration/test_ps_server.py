@@ -212,6 +212,7 @@ def _self_signed(tmp_path, name):
 
 def test_a_wrong_tls_ca_is_named_when_the_ps_cannot_be_reached(tmp_path):
     from tfdist.consistency import AsyncPolicy
+    from tfdist.errors import TLSConfigError
     from tfdist.ps.server import PSServer, load_tls_server_credentials
 
     cert, key = _self_signed(tmp_path, "ps")
@@ -219,11 +220,11 @@ def test_a_wrong_tls_ca_is_named_when_the_ps_cannot_be_reached(tmp_path):
     with PSServer(AsyncPolicy(), token="tls-token-123", tls_credentials=load_tls_server_credentials(cert, key)) as server:
         with PSClient([server.address], "tls-token-123", rpc_timeout_s=2, tls_ca=other_ca) as c:
             t0 = time.monotonic()
-            with pytest.raises(PSUnavailableError) as e:
+            with pytest.raises(TLSConfigError) as e:  # a TLS probe names it (test_tls_errors.py has every case)
                 c.wait_ready(2.0)
             assert time.monotonic() - t0 < 10
     message = str(e.value)
-    assert "TLS" in message and other_ca in message and "ps.startup_timeout_s" in message, message
+    assert "TLS" in message and other_ca in message and "not signed" in message, message
 
 
 def test_start_ps_names_a_parameter_server_that_died_at_start():

@@ -25,6 +25,15 @@ def _run(body):
 @pytest.mark.parametrize("body, code, failed", [
     ("pass", 0, False),
     ("sys.exit(0)", 0, False),
+    ("sys.exit()", 0, False),
+    ("sys.exit(1)", 1, True),  # issue 26: a bare sys.exit(1) was not seen, so the worker still said Done
+    ("sys.exit(3)", 3, True),
+    ("sys.exit('failed: no data')", 1, True),
+    ("exit(1)", 1, True),
+    ("quit(0)", 0, False),
+    ("import IPython; sys.exit(2)", 2, True),  # TensorFlow and Keras import IPython in a plain interpreter
+    ("import threading; t = threading.Thread(target=sys.exit, args=(1,)); t.start(); t.join()", 0, False),
+    ("try:\n    sys.exit(1)\nexcept SystemExit:\n    pass\nsys.exit(0)", 0, False),
     ("raise RuntimeError('boom')", 1, True),
     ("raise KeyboardInterrupt", -2, True),  # as CPython: killed by SIGINT
     ("from tfdist.errors import ConfigError; raise ConfigError('bad field')", exit_status.EXIT_CONFIG_ERROR, True),

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("tfdist.constants", "tfdist.errors")),
     ("how a task process ends", ("tfdist.exit_status",)),
     ("TF compatibility and datasets", ("tfdist._tf_compat", "tfdist.datasets")),
-    ("encoding", ("tfdist.auth", "tfdist.wire")),
+    ("encoding", ("tfdist.auth", "tfdist.tls", "tfdist.wire")),
     ("transport", ("tfdist.grpc_service",)),
     ("pure policies and the slowdown injector", ("tfdist.consistency", "tfdist.straggler", "tfdist.slowdown")),
     ("autoscaling policy", ("tfdist.elastic.policy",)),

@@ -220,6 +220,17 @@ def task_argv(task: TaskSpec, script: str | None, script_args: Sequence[str],
     return [sys.executable, script, *script_args]
 
 
+def _make_log_dir(path: str, setting: str) -> None:
+    """Creates the job's log folder before any task starts; a folder that cannot be made is a config error."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"Cannot create the log folder {path!r} ({e.strerror or e}); it is set by {setting}. Give a folder "
+            "path that can be created (not a file, nor under one) and written by this user."
+        ) from None
+
+
 class LocalJob:
     """Starts every task of ``config`` on this machine and watches them.
 
@@ -263,6 +274,8 @@ class LocalJob:
         self.token = token or self.config.security.resolve_token() or secrets.token_hex(16)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.log_dir = log_dir or self.config.launch.log_dir or os.path.join("runs", f"{self.config.name}-{stamp}")
+        _make_log_dir(self.log_dir, "--log-dir" if log_dir else "launch.log_dir" if self.config.launch.log_dir
+                      else "the default log folder (runs/)")
         self.out = out
         self.forward = forward
         self.extra_env = env or {}

@@ -7,9 +7,10 @@ Run standalone (an "input" task; the token comes from ``TFDIST_TOKEN``)::
         --producer mypkg.data:read_shards --num-epochs 10
 
 Methods of service ``tfdist.data.SharedQueue`` (requests and responses are
-:mod:`tfdist.wire` messages): ``Describe``, ``Dequeue``, ``Ack``,
-``Enqueue``, ``EndEpoch``, ``Close``, ``Stats``. Importing this module does
-not import TensorFlow.
+:mod:`tfdist.wire` messages, the requests typed and validated whole by
+:mod:`tfdist.data.queue_protocol`): ``Describe``, ``Dequeue``, ``Ack``,
+``Enqueue``, ``EndEpoch``, ``Close``, ``Stats``. SIGTERM or SIGINT stops it
+(exit 143 or 130). Importing this module does not import TensorFlow.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Callable, Sequence
 import grpc
 
 from tfdist import constants
+from tfdist.data import queue_protocol
 from tfdist.data.coordinator import Coordinator
 from tfdist.data.delivery_ledger import DeliveryLedger
 from tfdist.data.errors import QueueClosedError, QueueTimeoutError, SharedQueueError
@@ -39,12 +41,12 @@ from tfdist.data.random_shuffle_queue import RandomShuffleQueue
 from tfdist.errors import ConfigError, TfdistError
 from tfdist.grpc_service import WireService
 
-__all__ = ["SharedQueueServer", "SERVICE", "METHODS", "main"]
+__all__ = ["SharedQueueServer", "QueueService", "SERVICE", "METHODS", "main"]
 
 logger = logging.getLogger(__name__)
 
-SERVICE = "tfdist.data.SharedQueue"
-METHODS = ("Describe", "Dequeue", "Ack", "Enqueue", "EndEpoch", "Close", "Stats")
+SERVICE = queue_protocol.SERVICE
+METHODS = queue_protocol.METHODS
 
 #: Seconds kept back from a call's deadline to answer in time.
 _MARGIN_S = 0.2
@@ -141,6 +143,8 @@ class SharedQueueServer:
         on_ack: Callable[[str, int, list], None] | None = None,
         max_message_bytes: int = constants.DEFAULT_MAX_MESSAGE_BYTES,
         max_threads: int = 32,
+        max_wait_s: float = 5.0,
+        max_workers: int = 10_000,
     ):
         if queue is None:
             queue = FIFOQueue(capacity=10_000, name="SharedQueue")
@@ -152,6 +156,11 @@ class SharedQueueServer:
             raise ConfigError(
                 f"num_epochs must be a positive integer or None (forever). Received: num_epochs={num_epochs!r}."
             )
+        for name, value in (("max_wait_s", max_wait_s), ("max_threads", max_threads), ("max_workers", max_workers)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a positive number. Received: {name}={value!r}.")
+        if max_threads < 4:
+            raise ConfigError(f"max_threads must be at least 4. Received: max_threads={max_threads!r}.")
         if worker_timeout_s <= 0:
             raise ConfigError(
                 f"worker_timeout_s must be positive. Received: worker_timeout_s={worker_timeout_s!r}."
@@ -170,7 +179,8 @@ class SharedQueueServer:
         self._enqueue_many = enqueue_many
         self._use_processes = use_processes
         self._worker_timeout_s = worker_timeout_s
-        self._ledger = DeliveryLedger(queue, worker_timeout_s=worker_timeout_s, on_ack=on_ack)
+        self._ledger = DeliveryLedger(queue, worker_timeout_s=worker_timeout_s, on_ack=on_ack,
+                                      max_workers=max_workers)
         self._template = queue
         token = token if token is not None else os.environ.get(constants.ENV_TOKEN)
         self._coord = Coordinator()
@@ -178,7 +188,7 @@ class SharedQueueServer:
         self._threads: list[threading.Thread] = []
         self._service = WireService(
             SERVICE,
-            {name: getattr(self, f"_rpc_{name}") for name in METHODS},
+            {name: self._rpc(name) for name in METHODS},
             what="the shared queue",
             token=token,
             how_to_fix_token=f"pass token= to SharedQueue or set {constants.ENV_TOKEN} to this job's token",
@@ -186,15 +196,17 @@ class SharedQueueServer:
             port=port,
             max_message_bytes=max_message_bytes,
             max_threads=max_threads,
-            errors=[
+            errors=[  # a QueueRequestError carries its own code
                 (QueueClosedError, grpc.StatusCode.OUT_OF_RANGE),
                 (SharedQueueError, grpc.StatusCode.FAILED_PRECONDITION),
-                ((KeyError, TypeError, ValueError, TfdistError), grpc.StatusCode.INVALID_ARGUMENT),
             ],
         )
         self._port = self._service.port
         self._host = host
         self._address = self._service.address
+        # Waiting calls may hold at most half the threads: the rest always serve acks, enqueues and stops.
+        self._requests = QueueService(self._ledger, queue, max_wait_s=max_wait_s,
+                                      max_waiters=max(1, max_threads // 2), stats_extra={"address": self._address})
 
     # -- control -----------------------------------------------------------------
 
@@ -242,6 +254,7 @@ class SharedQueueServer:
             return
         self._stopped.set()
         self._coord.request_stop()
+        self._ledger.shutdown()  # waiting calls answer now
         stopping = self._service.stop(grace)
         if stopping is not None:
             stopping.wait(5.0)
@@ -254,8 +267,8 @@ class SharedQueueServer:
         return self._stopped.wait(timeout)
 
     def stats(self) -> dict:
-        """Per-worker and per-epoch counters (see ``DeliveryLedger.stats``)."""
-        return {**self._ledger.stats(), "address": self._address}
+        """Per-worker and per-epoch counters (see ``DeliveryLedger.stats``), calls waiting and refused."""
+        return self._requests.handle("Stats", {}, {})[0]
 
     def __enter__(self) -> "SharedQueueServer":
         return self.start()
@@ -281,7 +294,11 @@ class SharedQueueServer:
         coord.add_stop_callback(on_stop)
         epoch = 0
         while self._num_epochs is None or epoch < self._num_epochs:
-            produced_epoch, queue = self._ledger.producing_queue()
+            try:
+                produced_epoch, queue = self._ledger.producing_queue()
+            except QueueClosedError:
+                logger.info("the shared queue was closed by a client; its producers stop")
+                return
             runner = QueueRunner(
                 queue,
                 [_bind_epoch(p, epoch, self._num_epochs) for p in self._producers],
@@ -300,82 +317,129 @@ class SharedQueueServer:
             epoch += 1
             if self._num_epochs is not None and epoch == self._num_epochs:
                 break
-            self._ledger.end_epoch()
+            try:
+                self._ledger.end_epoch()
+            except QueueClosedError:
+                logger.info("the shared queue was closed by a client; its producers stop")
+                return
         self._ledger.close()  # ends the last epoch and the data together
 
-    # -- RPC plumbing (tfdist.grpc_service.WireService: auth, decoding, error mapping) ---------------
+    # -- RPCs: tfdist.grpc_service.WireService (auth, decoding, error mapping) -> QueueService ---------
 
-    @staticmethod
-    def _budget(meta: dict, context: grpc.ServicerContext, default: float = 1.0) -> float:
-        wait = float(meta.get("wait_s", default))
-        remaining = context.time_remaining()
-        if remaining is not None:
-            wait = min(wait, remaining - _MARGIN_S)
-        return max(0.0, wait)
+    def _rpc(self, method: str):
+        def handler(meta, tensors, context):
+            remaining = context.time_remaining()
+            return self._requests.handle(method, meta, tensors,
+                                         None if remaining is None else remaining - _MARGIN_S)
 
-    # -- RPCs ------------------------------------------------------------------------
+        return handler
 
-    def _rpc_Describe(self, meta, tensors, context):
-        spec = self._ledger.wait_for_element_spec(self._budget(meta, context, 0.0))
-        return {
-            "spec": None if spec is None else spec.to_dict(),
-            "queue": type(self._template).__name__,
-            "capacity": self._template.capacity,
-            "closed": self._ledger.closed,
-        }, {}
 
-    def _rpc_Dequeue(self, meta, tensors, context):
-        worker = str(meta["worker"])
-        if meta.get("acks"):
-            self._ledger.ack(worker, [int(i) for i in meta["acks"]])
-        epoch = meta.get("epoch")
-        reply = self._ledger.dequeue(
-            worker,
-            int(meta["n"]),
-            epoch=None if epoch is None else int(epoch),
-            after=int(meta.get("after", -1)),
-            timeout=self._budget(meta, context),
-        )
-        out = {"status": reply.kind, "epoch": reply.epoch}
-        if reply.kind != "batch":
-            return out, {}
-        spec = self._ledger.element_spec
-        out.update(batch_id=reply.batch_id, redelivered=reply.redelivered)
-        return out, dict(zip(spec.names, reply.arrays))
+class QueueService:
+    """What each RPC does, without gRPC: protocol → ledger.
 
-    def _rpc_Ack(self, meta, tensors, context):
-        accepted = self._ledger.ack(str(meta["worker"]), [int(i) for i in meta.get("acks", [])])
-        return {"accepted": accepted}, {}
+    :class:`SharedQueueServer` calls :meth:`handle` for every call; tests
+    call it in-process to drive the exact request path. A request is parsed
+    whole (:func:`tfdist.data.queue_protocol.parse`) before the ledger sees
+    it, and the ledger checks the rest before it changes anything: a refused
+    request changes nothing.
 
-    def _rpc_Enqueue(self, meta, tensors, context):
-        names = list(meta["names"])
-        structure = meta.get("structure", "tuple")
-        missing = [n for n in names if n not in tensors]
-        if missing:
-            raise ValueError(f"tensors {missing} named in the header are missing")
-        if structure == "dict":
-            element: Any = {n: tensors[n] for n in names}
-        elif structure == "single":
-            element = tensors[names[0]]
-        else:
-            element = tuple(tensors[n] for n in names)
-        _, queue = self._ledger.producing_queue()
+    Every wait is bounded by the server, whatever a request asks: by
+    ``max_wait_s``, by the call's deadline, and by ``max_waiters`` (calls
+    beyond it answer at once, "retry", so waiting calls can never hold every
+    server thread and starve acknowledgements, enqueues or a stop).
+
+    Args:
+        ledger: the queue's epochs, leases and acknowledgements.
+        template: the queue of epoch 0 (for ``Describe``).
+        max_wait_s: longest a call is held waiting. Defaults to 5.
+        max_waiters: most calls held waiting at once. Defaults to 16.
+        stats_extra: added to every ``Stats`` reply.
+    """
+
+    def __init__(self, ledger: DeliveryLedger, template: QueueBase, *, max_wait_s: float = 5.0,
+                 max_waiters: int = 16, stats_extra: dict | None = None):
+        self.ledger = ledger
+        self._template = template
+        self.max_wait_s = max_wait_s
+        self._waiters = threading.BoundedSemaphore(max(1, max_waiters))
+        self._stats_extra = stats_extra or {}
+        #: Requests refused, by method.
+        self.rejected: dict[str, int] = {}
+        self._waiting = 0
+        self._lock = threading.Lock()
+
+    @property
+    def waiting_calls(self) -> int:
+        """Calls held waiting now (at most ``max_waiters``)."""
+        with self._lock:
+            return self._waiting
+
+    def handle(self, method: str, meta: Any, tensors: dict, budget: float | None = None) -> tuple[dict, dict]:
+        """Parses, validates and applies one request.
+
+        Args:
+            budget: seconds left of the call (``None``: no deadline); waits end before it.
+
+        Returns:
+            The reply as ``(meta, tensors)``.
+
+        Raises:
+            QueueRequestError: the request was refused; nothing changed.
+            QueueClosedError: data or an epoch end after ``Close``; nothing changed.
+            SharedQueueError: a producer failed.
+        """
         try:
-            queue.enqueue_many(element, timeout=self._budget(meta, context))
-            done = len(tensors[names[0]])
-        except QueueTimeoutError as e:
-            done = e.num_enqueued
-        return {"enqueued": done}, {}
+            request = queue_protocol.parse(method, meta, tensors)
+            wait = getattr(request, "wait_s", 0.0)
+            wait = min(wait, self.max_wait_s, wait if budget is None else budget)
+            if wait <= 0:
+                return self._apply(request, 0.0)
+            if not self._waiters.acquire(blocking=False):
+                return self._apply(request, 0.0)  # every waiting slot is taken: answer now
+            with self._lock:
+                self._waiting += 1
+            try:
+                return self._apply(request, wait)
+            finally:
+                with self._lock:
+                    self._waiting -= 1
+                self._waiters.release()
+        except (SharedQueueError, QueueClosedError):
+            with self._lock:
+                self.rejected[method] = self.rejected.get(method, 0) + 1
+            raise
 
-    def _rpc_EndEpoch(self, meta, tensors, context):
-        return {"ended": self._ledger.end_epoch()}, {}
-
-    def _rpc_Close(self, meta, tensors, context):
-        self._ledger.close()
-        return {"closed": True}, {}
-
-    def _rpc_Stats(self, meta, tensors, context):
-        return self.stats(), {}
+    def _apply(self, req, wait: float) -> tuple[dict, dict]:
+        ledger = self.ledger
+        if isinstance(req, queue_protocol.DequeueRequest):
+            reply = ledger.dequeue(req.worker, req.n, epoch=req.epoch, after=req.after, timeout=wait, acks=req.acks)
+            out = {"status": reply.kind, "epoch": reply.epoch}
+            if reply.kind != "batch":
+                return out, {}
+            spec = ledger.element_spec
+            out.update(batch_id=reply.batch_id, redelivered=reply.redelivered)
+            return out, dict(zip(spec.names, reply.arrays))
+        if isinstance(req, queue_protocol.AckRequest):
+            return {"accepted": ledger.ack(req.worker, req.acks)}, {}
+        if isinstance(req, queue_protocol.EnqueueRequest):
+            return {"enqueued": ledger.enqueue(req.element(), timeout=wait)}, {}
+        if isinstance(req, queue_protocol.DescribeRequest):
+            spec = ledger.wait_for_element_spec(wait)
+            return {
+                "spec": None if spec is None else spec.to_dict(),
+                "queue": type(self._template).__name__,
+                "capacity": self._template.capacity,
+                "closed": ledger.closed,
+            }, {}
+        if isinstance(req, queue_protocol.EndEpochRequest):
+            return {"ended": ledger.end_epoch()}, {}
+        if isinstance(req, queue_protocol.CloseRequest):
+            ledger.close()
+            return {"closed": True}, {}
+        with self._lock:
+            service = {"waiting_calls": self._waiting, "refused": dict(self.rejected)}
+        return {**ledger.stats(), **service, **self._stats_extra}, {}
 
 
 # -- command line ---------------------------------------------------------------------
@@ -409,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enqueue-many", action="store_true", help="producer items are batches")
     parser.add_argument("--use-processes", action="store_true")
     parser.add_argument("--worker-timeout-s", type=float, default=10.0)
+    parser.add_argument("--max-wait-s", type=float, default=5.0,
+                        help="longest the server holds a call waiting, whatever the call asks")
     parser.add_argument("--no-auth", action="store_true", help="accept calls without a token")
     return parser
 
@@ -445,20 +511,32 @@ def main(argv: list[str] | None = None) -> int:
             host=args.host,
             token=token or None,
             worker_timeout_s=args.worker_timeout_s,
+            max_wait_s=args.max_wait_s,
         ).start()
     except (TfdistError, OSError, ImportError, AttributeError) as e:
         logger.error("%s", e)
         return 2
 
+    stopped_by: list[int] = []
+    stoppers: list[threading.Thread] = []
+
     def _stop(signum, frame):
         logger.info("got signal %d; stopping", signum)
-        threading.Thread(target=server.stop, args=(0.5,), daemon=True).start()
+        stopped_by.append(signum)
+        stopper = threading.Thread(target=server.stop, args=(0.5,), daemon=True)
+        stoppers.append(stopper)
+        stopper.start()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     print(f"tfdist.data.queue_service listening on {server.address}", flush=True)
     server.wait()
-    return 0
+    # Every wait inside the server is bounded (max_wait_s) and the ledger's stop wakes them, so the
+    # server's threads end within seconds; the stop itself is bounded too.
+    server.stop(0.5)
+    for stopper in stoppers:
+        stopper.join(15.0)
+    return 128 + stopped_by[0] if stopped_by else 0
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from tfdist.data.errors import (
     SharedQueueError,
     SharedQueueUnavailableError,
 )
-from tfdist.data.queue_service import METHODS, SERVICE
+from tfdist.data import queue_protocol as qp
+from tfdist.data.queue_protocol import METHODS, SERVICE
 from tfdist.errors import AuthError, ConfigError
 from tfdist import wire
 
@@ -142,9 +143,9 @@ class SharedQueue:
 
     # -- RPC -----------------------------------------------------------------------
 
-    def _call(self, method: str, meta: dict, tensors: dict | None = None, timeout: float | None = None):
+    def _call(self, method: str, request, timeout: float | None = None):
         timeout = self._timeout_s if timeout is None else timeout
-        payload = wire.encode(meta, tensors)
+        payload = wire.encode(*request.to_wire())
         deadline = time.monotonic() + self._timeout_s
         for attempt in itertools.count():
             try:
@@ -181,7 +182,7 @@ class SharedQueue:
             deadline = time.monotonic() + wait
             while True:
                 slice_s = max(0.0, min(self._timeout_s - 1.0, deadline - time.monotonic()))
-                meta, _ = self._call("Describe", {"wait_s": slice_s})
+                meta, _ = self._call("Describe", qp.DescribeRequest(slice_s))
                 if meta["spec"] is not None:
                     self._spec = ElementSpec.from_dict(meta["spec"])
                     break
@@ -210,7 +211,7 @@ class SharedQueue:
         while not self._closed.wait(self._heartbeat_interval_s):
             if self._holding:
                 try:
-                    self._call("Ack", {"worker": self._worker, "acks": []}, timeout=self._heartbeat_interval_s * 4)
+                    self._call("Ack", qp.AckRequest(self._worker), timeout=self._heartbeat_interval_s * 4)
                 except Exception as e:  # noqa: BLE001 - the next dequeue reports it
                     logger.debug("heartbeat to %s failed: %s", self._address, e)
 
@@ -240,14 +241,7 @@ class SharedQueue:
             while True:
                 meta, tensors = self._call(
                     "Dequeue",
-                    {
-                        "worker": self._worker,
-                        "n": n,
-                        "epoch": epoch,
-                        "after": self._last_epoch,
-                        "acks": pending,
-                        "wait_s": self._poll_s,
-                    },
+                    qp.DequeueRequest(self._worker, n, epoch, self._last_epoch, tuple(pending), self._poll_s),
                 )
                 self._count_holding(-len(pending))
                 pending = []
@@ -266,7 +260,7 @@ class SharedQueue:
         finally:
             if pending:
                 try:
-                    self._call("Ack", {"worker": self._worker, "acks": pending})
+                    self._call("Ack", qp.AckRequest(self._worker, tuple(pending)))
                     self._count_holding(-len(pending))
                 except Exception as e:  # noqa: BLE001 - the lease will expire instead
                     logger.warning("could not acknowledge batch %s: %s", pending, e)
@@ -343,23 +337,22 @@ class SharedQueue:
                 )
             meta, _ = self._call(
                 "Enqueue",
-                {"names": list(spec.names), "structure": spec.structure, "wait_s": self._poll_s},
-                {name: a[done:] for name, a in zip(spec.names, arrays)},
+                qp.EnqueueRequest(tuple(spec.names), tuple(a[done:] for a in arrays), spec.structure, self._poll_s),
             )
             done += int(meta["enqueued"])
 
     def end_epoch(self) -> int:
         """Ends the producing epoch (producer side); returns its number."""
-        meta, _ = self._call("EndEpoch", {})
+        meta, _ = self._call("EndEpoch", qp.EndEpochRequest())
         return int(meta["ended"])
 
     def close(self) -> None:
         """Closes the shared queue (producer side): no more data, ever."""
-        self._call("Close", {})
+        self._call("Close", qp.CloseRequest())
 
     def stats(self) -> dict:
         """The server's per-worker and per-epoch counters."""
-        meta, _ = self._call("Stats", {})
+        meta, _ = self._call("Stats", qp.StatsRequest())
         return meta
 
     # -- lifetime ------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from tfdist.errors import ConfigError
@@ -35,6 +36,27 @@ def _configure(args):
     return cfg
 
 
+def _check_output(path: str, setting: str) -> None:
+    """Makes sure the history JSON can be written at ``path`` before the experiment runs (its folder is created).
+
+    Raises:
+        ConfigError: naming ``setting`` (``--output`` or ``output``): the path is a folder, or its folder
+            cannot be created (a file is in the way, no permission).
+    """
+    if os.path.isdir(path):
+        raise ConfigError(f"Invalid {setting}: {path!r} is a folder. Give a file path for the history JSON, "
+                          f"e.g. {os.path.join(path, 'history.json')!r}.")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"Invalid {setting}: cannot create the folder {folder!r} for the history JSON "
+                          f"({e.strerror or e}). Give a path whose folder exists or can be created.") from None
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"Invalid {setting}: the folder {folder!r} is not writable by this user. Give a path "
+                          "in a folder you can write.")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="experiment YAML (see configs/fl_*.yaml)")
@@ -49,11 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = _configure(args)
+        output = args.output or cfg.output
+        if output:  # checked before hours of simulation, not after
+            _check_output(output, "--output" if args.output else "output (in the config)")
         history = cfg.build().run()
     except ConfigError as e:  # also a mistake found only once the data is loaded
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
-    output = args.output or cfg.output
     if output:
         history.save_json(output)
     summary = history.summary()

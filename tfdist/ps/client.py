@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
@@ -23,8 +24,9 @@ import numpy as np
 
 from tfdist import constants
 from tfdist.auth import token_metadata
-from tfdist.errors import AuthError, JobMismatchError, PSRejectedError, PSUnavailableError, PSWaitTimeoutError
-from tfdist import wire
+from tfdist.errors import (AuthError, JobMismatchError, PSRejectedError, PSUnavailableError, PSWaitTimeoutError,
+                           TLSConfigError)
+from tfdist import tls, wire
 from tfdist.ps import memory
 from tfdist.ps.protocol import METHODS as _METHODS
 from tfdist.ps.protocol import SERVICE, method_of
@@ -36,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 Request = tuple[Mapping[str, Any], Mapping[str, np.ndarray]]
 Response = tuple[dict[str, Any], dict[str, np.ndarray]]
+
+#: While a PS task is not ready, how often a TLS probe looks for a mistake waiting cannot fix.
+_TLS_PROBE_EVERY_S = 0.5
 
 _UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
@@ -90,24 +95,42 @@ class PSClient:
     def wait_ready(self, timeout: float) -> None:
         """Waits until every PS task accepts connections.
 
+        While a task is not ready, a TLS probe (:func:`tfdist.tls.diagnose`,
+        one handshake every half second) tells a TLS mistake from a task that
+        is not up yet, so a wrong or missing CA fails in about a second.
+
         Raises:
+            TLSConfigError: TLS to a task fails in a way waiting cannot fix.
             PSUnavailableError: a task did not answer within ``timeout`` s.
         """
+        deadline = time.monotonic() + timeout
         pending = [(i, grpc.channel_ready_future(ch)) for i, ch in enumerate(self._channels)]
-        for i, fut in pending:
-            try:
-                fut.result(timeout=timeout)
-            except grpc.FutureTimeoutError:
-                for _, other in pending:
-                    other.cancel()
-                tls = (f" This client uses TLS (security.tls_ca={self.tls_ca!r}): it may be a TLS/certificate "
-                       "problem. Does the PS serve TLS (security.tls_cert, tls_key), with a certificate signed by "
-                       "that CA for the host it is reached at?") if self.tls_ca else ""
-                raise PSUnavailableError(
-                    f"Could not reach parameter server ps:{i} at {self.addresses[i]} within "
-                    f"{timeout:g} s (setting ps.startup_timeout_s). Is the PS task running and "
-                    f"is the address right?{tls}"
-                ) from None
+        try:
+            for i, fut in pending:
+                while True:
+                    try:
+                        fut.result(timeout=max(0.0, min(_TLS_PROBE_EVERY_S, deadline - time.monotonic())))
+                        break
+                    except grpc.FutureTimeoutError:
+                        pass
+                    problem = tls.diagnose(self.addresses[i], self.tls_ca, what=f"parameter server ps:{i}",
+                                           timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+                    if problem:
+                        raise TLSConfigError(problem)
+                    if time.monotonic() >= deadline:
+                        tls_hint = (f" This client uses TLS (security.tls_ca={self.tls_ca!r}): it may be a "
+                                    "TLS/certificate problem. Does the PS serve TLS (security.tls_cert, tls_key), "
+                                    "with a certificate signed by that CA for the host it is reached at?"
+                                    ) if self.tls_ca else ""
+                        raise PSUnavailableError(
+                            f"Could not reach parameter server ps:{i} at {self.addresses[i]} within "
+                            f"{timeout:g} s (setting ps.startup_timeout_s). Is the PS task running and "
+                            f"is the address right?{tls_hint}"
+                        ) from None
+        except BaseException:
+            for _, other in pending:
+                other.cancel()
+            raise
 
     def request(self, ps: int, request: Any, timeout: float | None = None) -> Any:
         """Sends one typed request (:mod:`tfdist.ps.protocol`) to one PS task; returns its typed reply

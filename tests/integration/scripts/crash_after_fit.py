@@ -1,14 +1,16 @@
 """A training task that fits a small MLP on digits under ParameterServerStrategy, then may raise.
 
-Usage: crash_after_fit.py [--raise-after-fit]
+Usage: crash_after_fit.py [--raise-after-fit | --exit-after-fit CODE]
 
 With ``--raise-after-fit`` the script raises an uncaught RuntimeError once
 ``fit`` is over (a failing save or evaluation after training), so the task
-exits 1. Prints ``fit done, worker N`` after fit.
+exits 1; with ``--exit-after-fit CODE`` it calls ``sys.exit(CODE)`` there.
+Prints ``fit done, worker N`` after fit.
 """
 
 import argparse
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -20,6 +22,7 @@ from tfdist.datasets import load_digits  # noqa: E402
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--raise-after-fit", action="store_true")
+    p.add_argument("--exit-after-fit", type=int, default=None)
     args = p.parse_args()
     strategy = tfdist.ParameterServerStrategy()
     data = load_digits()
@@ -31,6 +34,8 @@ def main():
     print(f"fit done, worker {strategy.worker_id}", flush=True)
     if args.raise_after_fit:
         raise RuntimeError("failing after fit on purpose (a save that fails)")
+    if args.exit_after_fit is not None:
+        sys.exit(args.exit_after_fit)
 
 
 if __name__ == "__main__":
