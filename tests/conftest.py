@@ -1,7 +1,9 @@
 """Shared pytest set-up: quiet TF logs, skip slow tests unless RUN_SLOW=1, a notebook runner."""
 
+import functools
 import os
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -12,16 +14,55 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # usual way.
 os.environ.setdefault("TFDIST_FAST_START", "1")
 
-COLAB = pathlib.Path(__file__).resolve().parents[1] / "colab"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+COLAB = ROOT / "colab"
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Processes and clusters first, pure logic last: the short unit tests fill the workers' tails.
+        # Stable: a file's tests keep their order. Same order on every worker (xdist checks).
+        items.sort(key=lambda item: _TIER_ORDER.get(item.nodeid.split("/", 2)[1], 0))
     if os.environ.get("RUN_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow scenario test; run with RUN_SLOW=1")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+#: The order in which pytest-xdist workers are handed the tiers (tests/<tier>/...).
+_TIER_ORDER = {"e2e": 0, "integration": 1, "unit": 2}
+
+#: A fixture of one of these scopes is set up once per file (or class): its tests run on one xdist worker.
+_SHARED_SCOPE = re.compile(r"""@pytest\.fixture\([^)]*scope\s*=\s*["'](?:module|class|package)["']""")
+
+
+@functools.lru_cache(maxsize=None)
+def _shares_a_fixture(path: str) -> bool:
+    try:
+        return bool(_SHARED_SCOPE.search((ROOT / path).read_text(encoding="utf-8")))
+    except OSError:
+        return False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """How pytest-xdist (``-n N``, pytest.ini) hands tests to its workers.
+
+    Each test goes to whichever worker is free, but the tests of a file that defines a module-, class- or
+    package-scoped fixture (a cluster, a benchmark's output they all read) go to one worker, so that
+    fixture is set up once, as in a serial run. (``--dist loadgroup`` would do this with ``xdist_group``
+    marks, but pytest-xdist 3.8 loses those marks under pytest 9.2: pytest-xdist issue #1386.)
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrTestScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if _shares_a_fixture(path) else nodeid
+
+    return FileOrTestScheduling(config, log)
 
 
 @pytest.fixture
