@@ -55,7 +55,21 @@ __all__ = [
     "keras_tensorflow_trainer",
     "keras_variable_owner",
     "is_loss_scale_check",
+    "replica_context",
 ]
+
+
+def replica_context(strategy, replica_id_in_sync_group: int):
+    """The replica context of a one-device extended whose one replica is replica ``replica_id_in_sync_group`` of the job.
+
+    Checked on TF 2.21: ``OneDeviceExtended`` enters a ``_OneDeviceReplicaContext``
+    with id 0; the local replica id (``_get_local_replica_id``, which indexes
+    per-replica values) is computed from the id given to the constructor, so
+    it stays 0 while ``replica_id_in_sync_group`` reports the job-wide id.
+    """
+    ctx = one_device_strategy._OneDeviceReplicaContext(strategy)  # pylint: disable=protected-access
+    ctx._replica_id_in_sync_group = int(replica_id_in_sync_group)  # pylint: disable=protected-access
+    return ctx
 
 
 def in_xla_compilation() -> bool:
