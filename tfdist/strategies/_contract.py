@@ -32,9 +32,10 @@ def is_chief_task(jobs: Mapping[str, Sequence[str]], task_type: str, task_id: in
     return task_type == "worker" and int(task_id) == 0 and not jobs.get("chief")
 
 
-def reduce_over_axis(strategy, reduce_op, value, axis):
+def reduce_over_axis(reduce_across, reduce_op, value, axis):
     """``Strategy.reduce(reduce_op, value, axis)``: this worker's ``value`` reduced over ``axis``, then across workers.
 
+    ``reduce_across(op, tensor)`` reduces a tensor across the job's workers.
     TF's ``Strategy.reduce`` with an ``axis`` runs a ``strategy.run`` of the
     local reduction, which in tfdist is a step (with its exchange); this
     computes the same without one: a SUM sums over ``axis`` and then across
@@ -43,20 +44,19 @@ def reduce_over_axis(strategy, reduce_op, value, axis):
     """
     if isinstance(reduce_op, str):
         reduce_op = tf.distribute.ReduceOp(reduce_op.upper())
-    extended = strategy.extended
     if axis is None:
-        return extended._reduce(reduce_op, value)  # pylint: disable=protected-access
+        return reduce_across(reduce_op, value)
     value = tf.convert_to_tensor(value)
     total = tf.reduce_sum(value, axis=axis)
     if reduce_op == tf.distribute.ReduceOp.SUM:
-        return extended._reduce(reduce_op, total)  # pylint: disable=protected-access
+        return reduce_across(reduce_op, total)
     if reduce_op != tf.distribute.ReduceOp.MEAN:
         raise TypeError(f"Expected `reduce_op` to be a `tf.distribute.ReduceOp`. Received: reduce_op={reduce_op!r}.")
     axes = [axis] if isinstance(axis, int) else list(axis)
     shape = tf.shape(value, out_type=tf.int64)
     count = tf.reduce_prod(tf.gather(shape, [a % value.shape.rank if value.shape.rank else a for a in axes]))
-    total = extended._reduce(tf.distribute.ReduceOp.SUM, total)  # pylint: disable=protected-access
-    count = extended._reduce(tf.distribute.ReduceOp.SUM, count)  # pylint: disable=protected-access
+    total = reduce_across(tf.distribute.ReduceOp.SUM, total)
+    count = reduce_across(tf.distribute.ReduceOp.SUM, count)
     return total / tf.cast(count, total.dtype)
 
 

@@ -477,7 +477,7 @@ class AllReduceStrategy(StrategyBase):
                 batch); a MEAN then divides by the job's number of elements.
                 Defaults to ``None``: across workers only.
         """
-        return reduce_over_axis(self, reduce_op, value, axis)
+        return reduce_over_axis(self.extended._reduce, reduce_op, value, axis)  # pylint: disable=protected-access
 
     def barrier(self, name: str, timeout_s: float | None = None) -> None:
         """Waits until every worker of the job reached the barrier ``name`` (a collective, bounded).

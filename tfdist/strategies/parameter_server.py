@@ -41,6 +41,7 @@ from tfdist.errors import ConfigError
 from tfdist.ps.placement import PlacementPlan
 from tfdist.straggler.events import StragglerListener
 from tfdist.straggler.membership import StragglerEngine
+from tfdist.strategies._contract import barrier_code, cluster_resolver, reduce_over_axis
 from tfdist.strategies._job_logs import install_job_epoch_logs
 from tfdist.strategies._ps_extended import ParameterServerExtended, install_plain_batch_results
 from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter, make_runtime
@@ -171,6 +172,13 @@ class ParameterServerStrategy(StrategyBase):
         install_plain_batch_results()  # train_on_batch's list without the ps_* statistics, as plain Keras
         install_job_epoch_logs()  # BSP/SyncReplicas: callbacks see the job's epoch logs
         super().__init__(ParameterServerExtended(self, self._runtime))
+        self._rendezvous_seq = 0
+        self._rendezvous_client = None
+        jobs = config.cluster.jobs()
+        # The gradient path's workers are the replicas of one sync group (ids = worker ids); on the update path
+        # each worker is the one replica of its own (num_replicas_in_sync = 1), as in TF1's async training.
+        replica_id = self._runtime.worker_id if self._runtime.num_replicas > 1 and self._runtime.worker_id > 0 else 0
+        self.extended.set_job(replica_id, self._runtime.is_chief, cluster_resolver(jobs, task.job, task.index))
         # Keras builds from the dataset's element spec: no throwaway iterator (a SIGSEGV in TF 2.21 at times).
         build_from_element_spec(self)
         atexit.register(self._at_exit)
@@ -236,6 +244,90 @@ class ParameterServerStrategy(StrategyBase):
     @property
     def task(self) -> TaskSpec:
         return self._runtime.task
+
+    def reduce(self, reduce_op, value, axis=None):
+        """``value`` reduced across the replicas in sync (and over ``axis``), as under MultiWorkerMirroredStrategy.
+
+        BSP and SyncReplicas (the gradient path: ``num_replicas_in_sync`` > 1):
+        SUM and MEAN over every live worker of the job — PS task 0 meets the
+        workers (every worker must call it, in the same order as its other
+        ``reduce``/``barrier`` calls; bounded by ``ps.rpc_timeout_s``). In and
+        out of ``tf.function``. Async, SSP and DTSSP: each worker is its own
+        sync group of one replica (``num_replicas_in_sync`` = 1: its updates
+        are its own), so the value is this worker's, reduced over ``axis``
+        only; use :meth:`barrier` to meet the other workers.
+
+        Args:
+            reduce_op: ``"SUM"``/``"MEAN"`` or a ``tf.distribute.ReduceOp``.
+            value: This worker's value (what ``strategy.run`` returned).
+            axis: Also reduce over this dimension (e.g. the batch); a MEAN then
+                divides by the number of elements. Defaults to ``None``.
+        """
+        return reduce_over_axis(self._reduce_across, reduce_op, value, axis)
+
+    def _reduce_across(self, reduce_op, value):
+        import numpy as np
+        import tensorflow as tf
+
+        value = tf.convert_to_tensor(value)
+        if self._runtime.num_replicas <= 1 or self._runtime.worker_id < 0:
+            return value
+        if not (value.dtype.is_floating or value.dtype.is_integer):
+            raise TypeError(f"{type(self).__name__}.reduce reduces numbers. Received: a tensor of dtype "
+                            f"{value.dtype.name}. Cast it first (e.g. tf.cast(value, tf.float32)).")
+        mean = reduce_op == tf.distribute.ReduceOp.MEAN
+
+        def meet(flat):
+            sums, workers = self._meet("reduce", [float(v) for v in np.ravel(flat.numpy())])
+            out = np.asarray(sums, dtype=np.float64) / (len(workers) if mean else 1)
+            return out.astype(flat.dtype.as_numpy_dtype)
+
+        out = tf.py_function(meet, [tf.reshape(value, [-1])], value.dtype, name="tfdist_reduce")
+        return tf.ensure_shape(tf.reshape(out, tf.shape(value)), value.shape)
+
+    def _meet(self, name: str, values=(), timeout_s: float | None = None):
+        """This worker's next rendezvous with the job's workers on PS task 0: ``(sums of values, workers)``."""
+        from tfdist.ps.protocol import RendezvousRequest
+
+        if self._runtime.config.cluster.num_workers <= 1:
+            return tuple(values), (max(self._runtime.worker_id, 0),)
+        seq, self._rendezvous_seq = self._rendezvous_seq, self._rendezvous_seq + 1
+        if self._rendezvous_client is None:  # its own connection: the session fixes the placement when it starts
+            from tfdist.ps.client import PSClient
+
+            config = self._runtime.config
+            self._rendezvous_client = PSClient(config.cluster.ps[:1], self._runtime.token,
+                                               rpc_timeout_s=config.ps.rpc_timeout_s, tls_ca=config.security.tls_ca)
+        reply = self._rendezvous_client.request(
+            0, RendezvousRequest(self._runtime.worker_id, seq, name, tuple(values)), timeout=timeout_s)
+        return reply.sums, reply.workers
+
+    def barrier(self, name: str, timeout_s: float | None = None) -> None:
+        """Waits until every live worker of the job reached the barrier ``name`` (PS task 0 meets them; bounded).
+
+        For scripts that save on the chief and load everywhere:
+
+        ```python
+        if strategy.is_chief:
+            model.save(path)
+        strategy.barrier("saved")
+        model = keras.models.load_model(path)
+        ```
+
+        Every worker must wait at the same barriers (and call :meth:`reduce`)
+        in the same order; an evaluator does not take part (returns at once).
+
+        Args:
+            name: The barrier's name (workers at differently named barriers
+                get an error saying so).
+            timeout_s: How long to wait. Defaults to ``ps.rpc_timeout_s``.
+
+        Raises:
+            tfdist.errors.PSWaitTimeoutError: A worker did not arrive in time.
+        """
+        barrier_code(name)  # validates the name
+        if self._runtime.worker_id >= 0:
+            self._meet(f"barrier:{name}", (), timeout_s)
 
     def placement(self) -> PlacementPlan:
         """The variable → PS task map (same on every worker of a job)."""
@@ -447,6 +539,9 @@ class ParameterServerStrategy(StrategyBase):
         """
         # An in-process PS needs no "done" message (and may already be gone).
         self._runtime.close(done=done and self._local_server is None)
+        if self._rendezvous_client is not None:
+            self._rendezvous_client.close()
+            self._rendezvous_client = None
         if self._local_server is not None:
             self._local_server.stop(0)
             self._local_server = None
