@@ -83,10 +83,10 @@ def rendezvous(store, req, timeout: float | None, cancelled):
     with store._cond:  # pylint: disable=protected-access
         members = store.members
         members.check_member(req.worker)
-        store._touch(req.worker)  # pylint: disable=protected-access
         mismatch = store.rendezvous.arrive(req.worker, req.seq, req.name, req.values)
-        if mismatch is not None:
+        if mismatch is not None:  # refused: nothing changed
             raise RequestError(mismatch, grpc_code="FAILED_PRECONDITION")
+        store._touch(req.worker)  # pylint: disable=protected-access
         store._cond.notify_all()  # pylint: disable=protected-access
         store.waits.wait_for(lambda: store.rendezvous.decide(req.seq, awaited(members, req.worker)),
                              timeout, f"meet the other workers at {req.name!r} (this worker's arrival is counted)",
