@@ -41,6 +41,7 @@ from tfdist.errors import ConfigError
 from tfdist.ps.placement import PlacementPlan
 from tfdist.straggler.events import StragglerListener
 from tfdist.straggler.membership import StragglerEngine
+from tfdist.callbacks._worker_files import install as install_worker_files
 from tfdist.strategies._contract import barrier_code, cluster_resolver, reduce_over_axis
 from tfdist.strategies._job_logs import install_job_epoch_logs
 from tfdist.strategies._ps_extended import ParameterServerExtended, install_plain_batch_results
@@ -171,6 +172,7 @@ class ParameterServerStrategy(StrategyBase):
             install_resident_embeddings()
         install_plain_batch_results()  # train_on_batch's list without the ps_* statistics, as plain Keras
         install_job_epoch_logs()  # BSP/SyncReplicas: callbacks see the job's epoch logs
+        install_worker_files()  # the stock callbacks' files: the chief's are the job's (tfdist.callbacks._worker_files)
         super().__init__(ParameterServerExtended(self, self._runtime))
         self._rendezvous_seq = 0
         self._rendezvous_client = None
