@@ -56,7 +56,45 @@ __all__ = [
     "keras_variable_owner",
     "is_loss_scale_check",
     "replica_context",
+    "sharded_distributed_dataset",
+    "called_from_keras_trainer",
 ]
+
+
+def called_from_keras_trainer(depth: int = 12) -> bool:
+    """Whether Keras 3's TensorFlow trainer (``fit``/``evaluate``/``predict``) is the caller.
+
+    Checked on Keras 3.15: its epoch iterator calls
+    ``strategy.experimental_distribute_dataset`` for every input type, and
+    its array adapter marks the datasets it makes from numpy arrays with the
+    ``DATA`` auto-shard policy.
+    """
+    frame = sys._getframe(2)  # pylint: disable=protected-access
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__", "").startswith("keras.src.backend.tensorflow.trainer"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def sharded_distributed_dataset(extended, dataset, options, input_context):
+    """``dataset`` distributed as MultiWorkerMirroredStrategy distributes it on this worker.
+
+    Checked on TF 2.21: ``input_util.get_distributed_dataset`` with an
+    ``input_context`` (between-graph: this worker is pipeline
+    ``input_pipeline_id`` of ``num_input_pipelines``) first rebatches the
+    global batch into this worker's share of ``num_replicas_in_sync``
+    per-replica batches, then auto-shards by the dataset's
+    ``options().experimental_distribute.auto_shard_policy`` (FILE, DATA, or
+    AUTO: by file, else by data; OFF: no shard) — MultiWorkerMirroredStrategy's path.
+    """
+    from tensorflow.python.distribute import input_util
+
+    return input_util.get_distributed_dataset(
+        dataset, extended._input_workers_with_options(options), extended._container_strategy(),  # pylint: disable=protected-access
+        num_replicas_in_sync=input_context.num_replicas_in_sync, input_context=input_context, options=options)
 
 
 def replica_context(strategy, replica_id_in_sync_group: int):

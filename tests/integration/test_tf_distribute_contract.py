@@ -56,7 +56,7 @@ def runs(tmp_path_factory):
 
 #: What every strategy answers exactly as MultiWorkerMirroredStrategy does.
 SAME_AS_MWMS = ("resolver", "num_replicas_in_sync", "should_checkpoint", "should_save_summary", "replica_id",
-                "eager", "graph", "axis0", "run_none_ok", "nested", "none_eager")
+                "eager", "graph", "axis0", "run_none_ok", "nested", "none_eager", "dataset_DATA", "dataset_OFF")
 
 
 @pytest.mark.parametrize("name", ["all_reduce", "bsp"])
@@ -67,6 +67,10 @@ def test_synchronous_strategies_answer_as_multi_worker_mirrored(runs, name):
         for key in SAME_AS_MWMS:
             assert mine[me][key] == mwms[me][key], (name, me, key, mine[me][key], mwms[me][key])
         assert mine[me]["is_chief"] == (me == 0) and mine[me]["barrier"], mine[me]
+        # An explicit auto-shard policy gets MultiWorkerMirroredStrategy's input (asserted equal above):
+        # DATA: this worker's half of each global batch, every other one; OFF: the half, of every batch.
+        assert mine[me]["dataset_DATA"] == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]][me], mine[me]
+        assert mine[me]["dataset_default"] == [[0, 1, 2, 3], [4, 5, 6, 7]], mine[me]  # AUTO: as the script built it
 
 
 def test_all_reduce_copies_a_model_built_after_the_first_step_from_worker_0(runs):
@@ -83,3 +87,6 @@ def test_async_workers_are_sync_groups_of_one(runs):
         assert r["resolver"] == {"task_type": "worker", "task_id": me, "workers": 2}, r
         assert r["should_checkpoint"] == (me == 0) and r["is_chief"] == (me == 0) and r["barrier"], r
         assert r["run_none_ok"] and r["none_eager"] and r["nested"] == {"a": 1.0, "b0": [2.0, 3.0], "b1": 4}, r
+        # One replica per worker: no batch split; an explicit DATA policy shards whole batches between workers.
+        assert r["dataset_DATA"] == [[[0, 1, 2, 3]], [[4, 5, 6, 7]]][me], r
+        assert r["dataset_default"] == r["dataset_OFF"] == [[0, 1, 2, 3], [4, 5, 6, 7]], r

@@ -446,7 +446,8 @@ class AllReduceStrategy(StrategyBase):
         install_worker_files()  # the stock callbacks' files: the chief's are the job's (tfdist.callbacks._worker_files)
         me = group.spec.me
         self._chief = is_chief_task(group.spec.jobs(), me.job, me.index)
-        self.extended.set_job(group.worker_id, self._chief, cluster_resolver(group.spec.jobs(), me.job, me.index))
+        self.extended.set_job(group.worker_id, self._chief, cluster_resolver(group.spec.jobs(), me.job, me.index),
+                              (group.size, group.worker_id))
         build_from_element_spec(self)  # no throwaway iterator in Keras's build (a SIGSEGV in TF 2.21 at times)
         # A launched task of a job: a hang inside fit ends the task with its stacks, not never (a program that
         # builds groups itself, e.g. a test, is not a task and keeps its process to itself).

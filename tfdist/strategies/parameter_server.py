@@ -180,7 +180,9 @@ class ParameterServerStrategy(StrategyBase):
         # The gradient path's workers are the replicas of one sync group (ids = worker ids); on the update path
         # each worker is the one replica of its own (num_replicas_in_sync = 1), as in TF1's async training.
         replica_id = self._runtime.worker_id if self._runtime.num_replicas > 1 and self._runtime.worker_id > 0 else 0
-        self.extended.set_job(replica_id, self._runtime.is_chief, cluster_resolver(jobs, task.job, task.index))
+        training = self._runtime.worker_id >= 0  # an evaluator reads everything: one pipeline
+        self.extended.set_job(replica_id, self._runtime.is_chief, cluster_resolver(jobs, task.job, task.index),
+                              (config.cluster.num_workers, self._runtime.worker_id) if training else (1, 0))
         # Keras builds from the dataset's element spec: no throwaway iterator (a SIGSEGV in TF 2.21 at times).
         build_from_element_spec(self)
         atexit.register(self._at_exit)

@@ -91,6 +91,17 @@ def main():
     r["nested"] = {"a": float(nested["a"]), "b0": [float(x) for x in nested["b"][0]], "b1": int(nested["b"][1])}
     r["none_eager"] = strategy.run(lambda: None) is None
 
+    def elements(ds):
+        return [[int(v) for v in strategy.experimental_local_results(b)[0].numpy()]
+                for b in strategy.experimental_distribute_dataset(ds)]
+
+    data = tf.data.Dataset.range(8).batch(4)  # a global batch of 4
+    r["dataset_default"] = elements(data)
+    for policy in ("DATA", "OFF"):
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, policy)
+        r[f"dataset_{policy}"] = elements(data.with_options(options))
+
     if args.strategy != "mwms":
         r["is_chief"] = bool(strategy.is_chief)
         strategy.barrier("probes-done")
