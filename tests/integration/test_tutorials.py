@@ -98,3 +98,13 @@ def test_keras_fit_tutorial(tmp_path, strategy):
     # Only the chief wrote the shared paths; the backup was deleted after the finished fit.
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["best.keras"], os.listdir(tmp_path / "ckpt")
     assert not os.path.exists(tmp_path / "backup"), os.listdir(tmp_path / "backup")
+
+
+def test_keras_guide_resume_tutorial(tmp_path):
+    """The Keras guide's run_training() twice in one process: new strategy and model, resumed from the checkpoint."""
+    rows = run_tutorial("keras_guide_resume.py", "all_reduce", tmp_path, 1, "run")
+    for worker in rows:
+        assert worker[0] == {"restored": None} and worker[2] == {"restored": "ckpt-1.keras"}, worker
+        assert worker[4] == {"checkpoints": ["ckpt-1.keras"]}, worker  # the chief's only
+    for run in (1, 3):  # both workers end every run as one model (a model built later starts from worker 0's)
+        assert rows[0][run]["weights_sum"] == rows[1][run]["weights_sum"], (rows[0][run], rows[1][run])
