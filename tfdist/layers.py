@@ -27,7 +27,6 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from tfdist.errors import ConfigError
 from tfdist.strategies._row_optimizer import row_optimizer_spec  # re-exported

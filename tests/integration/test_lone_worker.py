@@ -168,7 +168,7 @@ def test_a_ps_gone_for_good_stops_fit_with_an_error_that_says_so(ps_server):
                 ps_server.stop(0)
             elif batch == 6:
                 deadline = time.monotonic() + 60  # ps.rpc_timeout_s (4 s, twice), ps.reconnect_timeout_s (3 s)
-                while runtime._lone_error is None and time.monotonic() < deadline:
+                while runtime.schedule.error is None and time.monotonic() < deadline:
                     time.sleep(0.05)
 
     data = load_digits()
@@ -178,8 +178,8 @@ def test_a_ps_gone_for_good_stops_fit_with_an_error_that_says_so(ps_server):
         with pytest.raises(tf.errors.InvalidArgumentError, match="background exchange with the parameter servers"):
             model.fit(data.x_train.reshape(-1, 64), data.y_train, batch_size=32, epochs=3, verbose=0,
                       callbacks=[StopThePS()])
-        assert runtime._lone_error is not None
-        with pytest.raises(type(runtime._lone_error)):  # a read says why too
+        assert runtime.schedule.error is not None
+        with pytest.raises(type(runtime.schedule.error)):  # a read says why too
             strategy.pull()
     finally:
         strategy.shutdown()

@@ -13,7 +13,7 @@ import pytest
 
 from tfdist.config import JobConfig
 from tfdist.ps.placement import GreedyPlacement, VariableSpec
-from tfdist.ps.session import UpdateSession
+from tfdist.ps.update_session import UpdateSession
 from tfdist.testing import LocalCluster
 
 # one variable split over both PS tasks, two whole ones

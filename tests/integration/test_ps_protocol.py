@@ -184,7 +184,7 @@ def test_stuck_callers_never_starve_valid_ones_and_sigterm_still_stops_the_ps(cl
 
 def test_a_barrier_that_times_out_says_what_it_waited_for(cluster):
     """BSP with two workers, only one pushes: the PS answers with its own bound, not a dead-PS error."""
-    from tfdist.ps.session import GradientSession
+    from tfdist.ps.gradient_session import GradientSession
 
     plan = RoundRobinPlacement().place(SPECS, 1)
     chief = GradientSession(cluster.client(), SPECS, plan, 0, True, startup_timeout_s=20, heartbeat_interval_s=None,

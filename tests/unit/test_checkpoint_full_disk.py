@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from tfdist.ps import checkpoint as ckpt
+from tfdist.ps.checkpointer import ShardCheckpointer
+
 
 KIB = 1024
 #: One shard's data file: ~300 KiB (a tmpfs of 1 MiB holds three of them with their headroom, not four).
@@ -111,7 +113,7 @@ def test_the_writer_passes_on_what_it_wrote_and_keeps_going_on_a_full_disk(small
     spec = VariableSpec("w", "float32", (SHARD // 4,))
     service = ParameterService(store)
     service.call("Init", {"w": np.zeros(SHARD // 4, np.float32)}, worker=0, specs=[spec.to_dict()])
-    writer = ckpt.ShardCheckpointer(store, str(d), 0, 1, keep=3).start()
+    writer = ShardCheckpointer(store, str(d), 0, 1, keep=3).start()
     try:
         for clock in range(1, 7):
             service.call("Push", {"w": np.ones(SHARD // 4, np.float32)}, worker=0, clock=clock)

@@ -60,11 +60,11 @@ def _unit(module: str) -> tuple[int, str] | None:
     return best
 
 
-def _imports(module: str, path: pathlib.Path) -> list[tuple[str, int]]:
+def _imports(module: str, path: pathlib.Path, tree: ast.AST | None = None) -> list[tuple[str, int]]:
     """The tfdist modules ``module`` imports (anywhere in the file, lazily or not), with line numbers."""
     is_package = path.name == "__init__.py"
     out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in ast.walk(tree or ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
             out += [(a.name, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -108,3 +108,63 @@ def test_the_checker_sees_upward_imports(tmp_path):
     assert names == ["tfdist.strategies.parameter_server", "tfdist.launch"]
     assert _unit("tfdist.cluster.resolver")[0] < _unit("tfdist.ps.client")[0] < _unit("tfdist.cluster.local")[0]
     assert _unit("tfdist")[1] == "tfdist" and _unit("tfdist.slowdown")[1] == "tfdist.slowdown"
+
+
+def _runtime_imports(module: str, path: pathlib.Path) -> set[str]:
+    """The tfdist modules ``module`` imports when it runs (``if TYPE_CHECKING:`` blocks left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = [ast.Pass()]
+    return {name for name, _ in _imports(module, path, tree) if name != module}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+EXCHANGE = ("tfdist.ps", "tfdist.strategies", "tfdist.consistency")
+
+
+def test_the_exchange_layer_has_no_import_cycle():
+    """Issue 21 item 9: no two modules of the exchange (PS, strategies, consistency) import each other."""
+    graph = {m: {n for n in _runtime_imports(m, p) if n in MODULES and n.startswith(EXCHANGE)}
+             for m, p in MODULES.items() if m.startswith(EXCHANGE) and p.name != "__init__.py"}
+    graph = {m: {n for n in deps if n in graph} for m, deps in graph.items()}  # packages' faces left out
+    assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
+
+
+def test_no_file_of_the_exchange_is_over_600_lines():
+    """Issue 21 item 9: a file of tfdist/ps or tfdist/strategies says one thing (split a longer one by what it owns)."""
+    long = {str(p.relative_to(ROOT.parent)): n for p in [*ROOT.joinpath("ps").glob("*.py"),
+                                                         *ROOT.joinpath("strategies").glob("*.py")]
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600}
+    assert not long, long

@@ -99,10 +99,13 @@ policy_spec = st.one_of(
     st.just({"policy": "bsp", "replicas_to_aggregate": 1}), st.just({"policy": "nope"}),
     st.just({"policy": "ssp", "staleness": -1}), st.just({"policy": "async", "extra": 1}), garbage,
 )
+NEW_SPEC = {"key": "new", "dtype": "float32", "shape": [2]}
 spec_list = st.one_of(
     st.just(SPEC_DICTS), st.just(SPEC_DICTS[:2]), st.just(SPEC_DICTS + SPEC_DICTS[:1]),
     st.just([{**SPEC_DICTS[0], "shape": [2, 3]}] + SPEC_DICTS[1:]),
     st.just([{**SPEC_DICTS[0], "dtype": "object"}] + SPEC_DICTS[1:]), garbage,
+    # Extend: a new variable, alone or with one the store holds (the same spec, or another one)
+    st.just([NEW_SPEC]), st.just([NEW_SPEC, SPEC_DICTS[0]]), st.just([NEW_SPEC, {**SPEC_DICTS[0], "shape": [2, 3]}]),
 )
 
 #: Well-typed values (right type, any range: ids of non-members, unknown keys, future steps ...).
@@ -143,6 +146,7 @@ MALFORMED = {
 }
 METHOD_FIELDS = {
     "Init": ["worker", "specs", "policy", "num_workers", "step", "nonfinite", "reset", "tables"],
+    "Extend": ["worker", "specs", "incarnation"],
     "WaitInit": ["worker", "timeout_s", "specs", "policy", "num_workers"],
     "Pull": ["worker", "clock", "keys", "min_state_step"],
     "Push": ["worker", "clock", "loss", "steps", "incarnation", "sparse"],
@@ -208,8 +212,12 @@ sparse_tensors = st.fixed_dictionaries({
     "a@rows": st.one_of(hnp.arrays(np.int64, 1, elements=st.integers(-1, 2)), hnp.arrays(np.int64, 2, elements=st.integers(0, 1)),
                         hnp.arrays(np.int32, 1, elements=st.integers(0, 1))),
 }, optional={"b": hnp.arrays(np.float32, (3,), elements=finite), "b@rows": hnp.arrays(np.int64, 1)})
+extend_tensors = st.fixed_dictionaries(
+    {"new": st.one_of(hnp.arrays(np.float32, (2,), elements=elements), hnp.arrays(np.float64, (2,)))},
+    optional={spec.key: hnp.arrays(np.float32, spec.shape, elements=finite) for spec in SPECS[:1]})
 tensor_sets = st.one_of(
     valid_tensors,
+    extend_tensors,
     row_tensors,
     sparse_tensors,
     st.dictionaries(st.sampled_from(["a", "b", "n", "zzz", "y" * 700]), arrays, max_size=3),
@@ -273,6 +281,50 @@ def test_an_init_is_applied_whole_or_not_at_all(meta, tensors):
     assert store.initialized and sorted(state["values"]) == sorted(s["key"] for s in meta["specs"])
     for key, value in state["values"].items():
         np.testing.assert_array_equal(value, tensors[key])
+
+
+JOIN_SPECS = [NEW_SPEC, {"key": "new2", "dtype": "float64", "shape": [1, 2]}, SPEC_DICTS[0], SPEC_DICTS[2],
+              {**SPEC_DICTS[0], "shape": [2, 3]}, {**NEW_SPEC, "dtype": "float64"}]
+
+
+@pytest.mark.parametrize("kind", ["async", "bsp"])
+@SETTINGS
+@given(data=st.data())
+def test_an_extend_is_applied_whole_or_not_at_all(kind, data):
+    """Variables joining a running job (item 8): all of them or none; a key held already keeps its value."""
+    specs = data.draw(st.lists(st.sampled_from(JOIN_SPECS), min_size=1, max_size=3, unique_by=lambda d: d["key"]))
+    tensors = {}
+    for spec in specs:
+        dtype = np.dtype(spec["dtype"])
+        tensors[spec["key"]] = data.draw(st.one_of(
+            hnp.arrays(dtype, tuple(spec["shape"]), elements=st.floats(-4, 4, width=32)),  # matches its spec
+            hnp.arrays(dtype, tuple(spec["shape"])),  # may hold NaN/Inf (the job refuses them)
+            hnp.arrays(np.float32, (3, 1)),  # the wrong shape
+        ))
+    worker = data.draw(st.one_of(st.integers(0, NUM_WORKERS - 1), st.integers(-2, NUM_WORKERS + 1), garbage))
+    meta = {"worker": worker, "specs": specs}
+    if data.draw(st.booleans()):
+        meta["incarnation"] = data.draw(st.one_of(st.just(None), st.integers(0, 3), garbage))
+    store = make_store(kind)
+    before = store.state()
+    try:
+        reply, values = ParameterService(store).call("Extend", tensors, **meta)
+    except RequestError:
+        assert comparable(store.state()) == comparable(before), f"a refused Extend {meta} changed the store"
+        return
+    after = store.state()
+    for spec in specs:
+        held = {s["key"]: s for s in after["specs"]}[spec["key"]]
+        assert (held["dtype"], list(held["shape"])) == (spec["dtype"], list(spec["shape"]))
+        if spec["key"] in before["values"]:  # held already: unchanged, and that is what the reply gives
+            np.testing.assert_array_equal(after["values"][spec["key"]], before["values"][spec["key"]])
+            assert spec["key"] not in reply["added"]
+        else:
+            np.testing.assert_array_equal(after["values"][spec["key"]], tensors[spec["key"]])
+            assert spec["key"] in reply["added"] and spec["key"] in after["joined"]
+        np.testing.assert_array_equal(values[spec["key"]], after["values"][spec["key"]])
+    assert (after["version"] > before["version"]) == bool(reply["added"])
+    check_still_serves(store, kind)
 
 
 # -------------------------------------------------------------------- wire

@@ -228,7 +228,7 @@ def test_a_restarted_synchronous_job_rolls_every_task_back_to_the_newest_common_
     """Two PS tasks restore different steps (ps:1 died before its last checkpoint): the chief aligns them."""
     from tfdist.ps.client import PSClient
     from tfdist.ps.placement import RoundRobinPlacement
-    from tfdist.ps.session import GradientSession
+    from tfdist.ps.gradient_session import GradientSession
 
     d = str(tmp_path / "ckpt")
     plan = RoundRobinPlacement().place(SPECS, 2)

@@ -15,6 +15,7 @@ import pytest
 from tfdist.consistency import AsyncPolicy, SSPPolicy
 from tfdist.consistency.sync_replicas import SyncReplicasPolicy
 from tfdist.ps import checkpoint as ckpt
+from tfdist.ps.checkpointer import ShardCheckpointer
 from tfdist.ps.placement import VariableSpec
 from tfdist.ps.protocol import RequestError
 from tfdist.ps.server import ParameterService
@@ -249,13 +250,13 @@ def test_a_malformed_checkpoint_is_data_loss_and_restores_nothing(damage):
 
 def test_a_malformed_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     store = make(SSPPolicy(2))
-    writer = ckpt.ShardCheckpointer(store, str(tmp_path), 0, 1)
+    writer = ShardCheckpointer(store, str(tmp_path), 0, 1)
     step, meta, arrays = store.checkpoint_state()
     ckpt.write_shard(str(tmp_path), 0, 1, 1, meta, arrays)
     bad = dict(meta, done_workers=[1000])  # a valid file (its hash matches) with malformed content
     ckpt.write_shard(str(tmp_path), 0, 1, 2, bad, arrays)
     fresh = ParameterStore(None, num_workers=2)
-    restored = ckpt.ShardCheckpointer(fresh, str(tmp_path), 0, 1).restore()
+    restored = ShardCheckpointer(fresh, str(tmp_path), 0, 1).restore()
     assert restored == 1 and fresh.initialized
     writer.close(final=False)
 
@@ -263,7 +264,7 @@ def test_a_malformed_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
 def test_concurrent_checkpoint_requests_hold_one_copy_of_the_state_at_a_time(tmp_path, monkeypatch):
     """24 concurrent Checkpoint calls queued 24 full copies of the state (+350 MiB on a real model)."""
     store = make(SSPPolicy(2))
-    writer = ckpt.ShardCheckpointer(store, str(tmp_path), 0, 1).start()
+    writer = ShardCheckpointer(store, str(tmp_path), 0, 1).start()
     in_flight, peak, lock = [0], [0], threading.Lock()
     capture, write = store.checkpoint_state, ckpt.write_shard
 

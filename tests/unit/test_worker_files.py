@@ -1,4 +1,4 @@
-"""``tfdist.callbacks._worker_files``: the stock callbacks' files on a worker that is not the chief (issue #25)."""
+"""``tfdist.strategies._worker_files``: the stock callbacks' files on a worker that is not the chief (issue #25)."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfdist.callbacks import _worker_files
+from tfdist.strategies import _worker_files
 
 
 class _FakeStrategy:

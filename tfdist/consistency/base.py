@@ -116,6 +116,13 @@ class ConsistencyPolicy:
         mode = MODES.get(self.name)
         return mode.path if mode is not None else "update"
 
+    @property
+    def exchange(self):
+        """The :class:`~tfdist.consistency.modes.ExchangePath` of :attr:`path` (its facts, named)."""
+        from tfdist.consistency.modes import EXCHANGE_PATHS
+
+        return EXCHANGE_PATHS[self.path]
+
     # ----------------------------------------------------------- update path
     def on_push(self, worker: int, clock: int, ctx: PolicyContext) -> PushDecision:
         """Called before a push from ``worker`` made at ``clock`` is applied."""

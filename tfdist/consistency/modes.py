@@ -28,11 +28,52 @@ from typing import Any, Callable, Mapping
 
 from tfdist.errors import ConfigError
 
-__all__ = ["ConsistencyMode", "MODES", "register_mode", "mode_of", "mode_names"]
+__all__ = ["ConsistencyMode", "ExchangePath", "EXCHANGE_PATHS", "MODES", "register_mode", "mode_of", "mode_names",
+           "exchange_path"]
 
-#: Where a mode's workers send what (DESIGN.md §4.1): ``"update"`` (the change their own optimizer made)
-#: or ``"gradient"`` (gradients the PS aggregates per global step).
-PATHS = ("update", "gradient")
+
+@dataclass(frozen=True)
+class ExchangePath:
+    """What a mode's workers send and how the PS treats it (DESIGN.md §4.1), named fact by fact.
+
+    Two paths exist; the worker runtime, the session and the store each have
+    one slice per path (``strategies/_update_path.py`` / ``_gradient_path.py``,
+    ``UpdateSession`` / ``GradientSession``, ``ps/_update_requests.py`` /
+    ``ps/_gradient_requests.py``). Code that must treat the paths differently
+    outside those slices reads one of these facts, never the path's name.
+
+    Attributes:
+        name: ``"update"`` (workers send the change their own optimizer made)
+            or ``"gradient"`` (gradients the PS aggregates per global step).
+        reads_carry_clock: A read (pull, lookup) tells the policy the reader's
+            clock and waits as it decides (the staleness bound).
+        steps_are_global: A shard's position is the gradient barrier's state
+            step, the same on every PS task (so checkpoints are cuts at one
+            step, scheduled by the chief); otherwise the batches it applied.
+        row_pushes_name_step: A ``PushRows`` is counted towards a named global
+            step (applied when that step completes), not applied at once.
+    """
+
+    name: str
+    reads_carry_clock: bool
+    steps_are_global: bool
+    row_pushes_name_step: bool
+
+
+#: The exchange paths, by name.
+EXCHANGE_PATHS: dict[str, ExchangePath] = {
+    "update": ExchangePath("update", reads_carry_clock=True, steps_are_global=False, row_pushes_name_step=False),
+    "gradient": ExchangePath("gradient", reads_carry_clock=False, steps_are_global=True, row_pushes_name_step=True),
+}
+PATHS = tuple(EXCHANGE_PATHS)
+
+
+def exchange_path(name: str) -> ExchangePath:
+    """The path named ``name`` (``ValueError`` naming the choices otherwise)."""
+    try:
+        return EXCHANGE_PATHS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"Unknown exchange path {name!r}; use one of {PATHS}.") from None
 
 
 @dataclass(frozen=True)
@@ -67,6 +108,11 @@ class ConsistencyMode:
         if self.path not in PATHS:
             raise ValueError(f"Mode {self.name!r}: path must be one of {PATHS}. Received: {self.path!r}.")
 
+    @property
+    def exchange(self) -> ExchangePath:
+        """The facts of this mode's exchange path."""
+        return EXCHANGE_PATHS[self.path]
+
     def policy(self, spec: Mapping[str, Any] | None = None, num_workers: int = 1):
         """The policy for ``spec`` (its parameters; missing ones take the mode's defaults).
 
@@ -87,7 +133,7 @@ class ConsistencyMode:
 
     def aggregation_size(self, spec: Mapping[str, Any], num_workers: int) -> int | None:
         """Gradient path: ``M``, the gradients each step aggregates; ``None`` on the update path."""
-        if self.path != "gradient":
+        if not self.exchange.steps_are_global:
             return None
         m = spec.get("replicas_to_aggregate")
         return int(m) if m is not None else num_workers
@@ -104,7 +150,7 @@ class ConsistencyMode:
     def can_lose(self, spec: Mapping[str, Any], total: int, remaining: int) -> tuple[bool, str]:
         """Whether a job of ``total`` workers goes on with ``remaining`` of them, and why."""
         if not self.needs_all_aggregated:
-            why = ("barriers shrink to the live workers" if self.path == "gradient"
+            why = ("barriers shrink to the live workers" if self.exchange.steps_are_global
                    else "the others do not wait for it")
             return True, f"consistency {self.name} can do without it ({why})"
         m = self.aggregation_size(spec, total) or total

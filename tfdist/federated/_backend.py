@@ -17,7 +17,6 @@ import os
 import queue
 import time
 import traceback
-from typing import Any
 
 import numpy as np
 

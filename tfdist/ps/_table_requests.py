@@ -36,7 +36,7 @@ class TableRequests:
             for table in tables:
                 self.table_shards.check_rows(table, req.rows)
             self.table_shards.check_reply_size(tables, req.rows, self.max_reply_bytes)
-            if self.policy.path == "update" and req.worker >= 0 and req.clock is not None:
+            if self.policy.exchange.reads_carry_clock and req.worker >= 0 and req.clock is not None:
                 self._read_wait(req.worker, req.clock, timeout, cancelled)
             self._touch(req.worker)
             values = {LookupRequest.values_name(i): table.lookup(req.rows) for i, table in enumerate(tables)}
@@ -52,7 +52,7 @@ class TableRequests:
             self._check_row_array(req, grads, "Row gradients of", "row gradient", key)
         with self._cond:
             tables = [self._row_request_table(req, grads, "Row gradients of", key) for key, grads in parts]
-            if self.policy.path == "gradient":
+            if self.policy.exchange.row_pushes_name_step:
                 if req.step is None:
                     raise StoreError("PushRows on the gradient path names the global step (`step`).")
                 if req.step > self.global_step:

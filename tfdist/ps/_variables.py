@@ -67,6 +67,8 @@ class DenseVariables:
         self.version = 0
         self.nonfinite = "refuse"
         self.initialized_by: int | None = None
+        #: Keys of variables that joined the job after its first step (``Extend``), in the order they joined.
+        self.joined: list[str] = []
         #: Spare arrays an update is computed into before it replaces the values (all-or-nothing).
         self._spare: dict[str, np.ndarray] = {}
 
@@ -85,10 +87,18 @@ class DenseVariables:
                 raise _nonfinite_error(what, key, worker)
 
     def check_same_specs(self, specs: Iterable[VariableSpec]) -> None:
+        """A starting worker's variables are the job's: every one the job started with, the same specs.
+
+        Variables that joined later (:attr:`joined`) may be missing (a worker
+        started again creates them later, and joins them then) or present.
+        """
         theirs = {s.key: s for s in specs}
-        if theirs != self.specs:
+        joined = set(self.joined)
+        base = {k: s for k, s in self.specs.items() if k not in joined}
+        if not (base.items() <= theirs.items() <= self.specs.items()):
             diff = sorted(
-                (k, f"{s.dtype}{list(s.shape)}") for k, s in set(theirs.items()) ^ set(self.specs.items())
+                (k, f"{s.dtype}{list(s.shape)}") for k, s in set(theirs.items()) ^ set(base.items())
+                if not (k in joined and self.specs.get(k) == s)
             )[:4]
             raise StoreError(
                 "This worker's variables differ from the ones the parameter servers "
@@ -96,6 +106,22 @@ class DenseVariables:
                 "build the same model, creating variables in the same order.",
                 grpc_code="FAILED_PRECONDITION",
             )
+
+    def check_join(self, specs: Iterable[VariableSpec], worker: int) -> list[VariableSpec]:
+        """The specs of a join (``Extend``) that are new here; refuses one whose key exists with another spec."""
+        new, clash = [], []
+        for spec in specs:
+            mine = self.specs.get(spec.key)
+            if mine is None:
+                new.append(spec)
+            elif mine != spec:
+                clash.append(f"{spec.key}: worker {worker} has {spec.dtype}{list(spec.shape)}, the job "
+                             f"{mine.dtype}{list(mine.shape)}")
+        if clash:
+            raise StoreError(
+                f"Variables created after the job's first step differ from the job's ({short(clash[:3], 400)}). Every "
+                "worker must create the same variables in the same order.", grpc_code="FAILED_PRECONDITION")
+        return new
 
     def check_keys(self, keys: Iterable[str]) -> None:
         unknown = [k for k in keys if k not in self.values]
@@ -135,13 +161,23 @@ class DenseVariables:
 
     # ------------------------------------------------------------------ changes
     def initialize(self, specs: Iterable[VariableSpec], values: Mapping[str, np.ndarray], worker: int,
-                   nonfinite: str) -> None:
+                   nonfinite: str, joined: Iterable[str] = ()) -> None:
         self.nonfinite = nonfinite
         self.specs = {s.key: s for s in specs}
+        self.joined = [k for k in joined if k in self.specs]
         self.values = {s.key: np.array(values[s.key], copy=True) for s in self.specs.values()}
         self._spare = {}
         self.version = 1
         self.initialized_by = worker
+
+    def join(self, new: Iterable[VariableSpec], values: Mapping[str, np.ndarray]) -> None:
+        """Adds checked new variables with their (copied) values; bumps the version."""
+        arrays = {spec.key: np.array(values[spec.key], copy=True) for spec in new}  # may fail: nothing changed yet
+        for spec in new:
+            self.specs[spec.key] = spec
+            self.values[spec.key] = arrays[spec.key]
+            self.joined.append(spec.key)
+        self.version += 1
 
     def add(self, deltas: Mapping[str, np.ndarray], rows: Mapping[str, np.ndarray], worker: int) -> int:
         """Adds checked deltas (dense, or at ``rows``) and bumps the version; returns the bytes received.
@@ -193,10 +229,12 @@ class DenseVariables:
     # ------------------------------------------------------------------ schema
     def state(self) -> dict[str, Any]:
         return {"values": {k: v.copy() for k, v in self.values.items()},
-                "specs": [s.to_dict() for s in self.specs.values()], **schema.snapshot(self, self.FIELDS)}
+                "specs": [s.to_dict() for s in self.specs.values()], "joined": list(self.joined),
+                **schema.snapshot(self, self.FIELDS)}
 
     def checkpoint(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        return ({"specs": [s.to_dict() for s in self.specs.values()], **schema.dump(self, self.FIELDS, "checkpoint")},
+        return ({"specs": [s.to_dict() for s in self.specs.values()], "joined": list(self.joined),
+                 **schema.dump(self, self.FIELDS, "checkpoint")},
                 {k: v.copy() for k, v in self.values.items()})
 
     @classmethod
@@ -212,6 +250,10 @@ class DenseVariables:
             raise SchemaError(f"a variable spec is malformed ({short(str(e))})") from None
         if len({s.key for s in specs}) != len(specs):
             raise SchemaError("a variable is listed twice in `specs`")
+        joined = meta.get("joined", [])  # (checkpoints written before variables could join have none)
+        if not isinstance(joined, list) or not all(isinstance(k, str) for k in joined) \
+                or not set(joined) <= {s.key for s in specs} or len(set(joined)) != len(joined):
+            raise SchemaError(f"`joined` must list keys of `specs`, each once; it holds {short(joined)}")
         fields = schema.parse(cls.FIELDS, meta, limits)
         if fields["initialized_by"] is None:
             raise SchemaError("`initialized_by` is missing")
@@ -225,16 +267,18 @@ class DenseVariables:
             bad = [sp.key for sp in specs if not all_finite(arrays[sp.key])]
             if bad:
                 raise SchemaError(f"values of {short(bad[:4])} are not finite, and the job refuses such values")
-        return {"specs": {sp.key: sp for sp in specs},
+        return {"specs": {sp.key: sp for sp in specs}, "joined": list(joined),
                 "values": {sp.key: np.array(arrays[sp.key], copy=True) for sp in specs}, **fields}
 
     def load(self, parsed: Mapping[str, Any]) -> None:
         self.specs, self.values, self._spare = parsed["specs"], parsed["values"], {}
+        self.joined = list(parsed["joined"])
         schema.assign(self, {f.name: parsed[f.name] for f in self.FIELDS})
 
     def status(self, brief: bool) -> dict[str, Any]:
         status = {**schema.dump(self, self.FIELDS, "status"), "initialized": self.initialized,
-                  "num_variables": len(self.values), "bytes": int(sum(v.nbytes for v in self.values.values()))}
+                  "num_variables": len(self.values), "joined_variables": len(self.joined),
+                  "bytes": int(sum(v.nbytes for v in self.values.values()))}
         if not brief:
             status["specs"] = [s.to_dict() for s in self.specs.values()]
         return status

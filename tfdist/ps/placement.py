@@ -6,7 +6,9 @@ puts the largest variables first onto the least-loaded task. Either may
 row-partition variables above a size across all PS tasks (TF1's
 ``fixed_size_partitioner``); every part is then placed like a variable of its
 own. The plan is a pure function of the variable list, so every worker that
-builds the same model computes the same map.
+builds the same model computes the same map. Variables created after the job
+started join it through ``extend``: a pure function of the plan so far and
+the new variables in creation order, so the map stays the same on every worker.
 """
 
 from __future__ import annotations
@@ -159,6 +161,21 @@ class RoundRobinPlacement:
                 counter += 1
         return PlacementPlan(num_ps, tuple(shards))
 
+    def extend(self, plan: PlacementPlan, specs: Sequence[VariableSpec], new: Sequence[VariableSpec]
+               ) -> PlacementPlan:
+        """``plan`` (of ``specs``) with ``new`` variables placed after them: the counter goes on.
+
+        The result equals ``place(specs + new)``: the i-th piece goes to task
+        ``i % num_ps`` however the variables were added.
+        """
+        _check(plan.num_ps, [*specs, *new])
+        shards, counter = list(plan.shards), len(plan.shards)
+        for spec in new:
+            for i, rows in enumerate(_split_rows(spec, plan.num_ps, self.partition_threshold_bytes)):
+                shards.append(Shard(_part_key(spec, i, rows), spec.key, counter % plan.num_ps, rows))
+                counter += 1
+        return PlacementPlan(plan.num_ps, tuple(shards))
+
 
 class GreedyPlacement:
     """Largest piece first onto the PS task with the fewest bytes so far.
@@ -190,6 +207,23 @@ class GreedyPlacement:
             load[ps] += nbytes
             assigned[order] = Shard(key, var_key, ps, rows)
         return PlacementPlan(num_ps, tuple(assigned[i] for i in range(len(pieces))))
+
+    def extend(self, plan: PlacementPlan, specs: Sequence[VariableSpec], new: Sequence[VariableSpec]
+               ) -> PlacementPlan:
+        """``plan`` (of ``specs``) with ``new`` variables added, each piece in creation order onto the task
+        with the fewest bytes so far (not largest first: the result must not depend on how the variables
+        that join a running job are grouped, so every worker computes the same plan)."""
+        _check(plan.num_ps, [*specs, *new])
+        load = plan.bytes_per_ps(specs)
+        shards = list(plan.shards)
+        for spec in new:
+            row_bytes = spec.nbytes // max(spec.shape[0], 1) if spec.shape else spec.nbytes
+            for i, rows in enumerate(_split_rows(spec, plan.num_ps, self.partition_threshold_bytes)):
+                nbytes = spec.nbytes if rows is None else row_bytes * (rows[1] - rows[0])
+                ps = min(range(plan.num_ps), key=lambda j: (load[j], j))
+                load[ps] += nbytes
+                shards.append(Shard(_part_key(spec, i, rows), spec.key, ps, rows))
+        return PlacementPlan(plan.num_ps, tuple(shards))
 
 
 def make_placement(name: str, partition_threshold_bytes: int | None = None):

@@ -13,7 +13,7 @@ all-or-nothing (:mod:`tfdist.ps.store`).
 
 Requests go the other way with :meth:`to_wire` (the client builds the same
 dataclasses), so client and server share one definition of every message.
-Replies are plain ``meta`` mappings whose fields each request documents.
+Replies are typed too (:mod:`tfdist.ps.replies`).
 
 Importing this module does not import TensorFlow or gRPC.
 """
@@ -26,10 +26,51 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from tfdist.errors import PSRejectedError
 from tfdist.ps.placement import VariableSpec
-from tfdist.ps.sparse import TableSpec
-from tfdist.wire import ALLOWED_DTYPES
+from tfdist.ps._protocol_fields import (  # noqa: F401  (re-exported: the protocol's names live here)
+    SERVICE,
+    MAX_WORKER_ID,
+    MAX_WORKERS,
+    MAX_STEPS_PER_PUSH,
+    MAX_LOSS,
+    MAX_COUNT,
+    MAX_KEY_CHARS,
+    MAX_LOOKUP_TABLES,
+    MAX_ITEMS,
+    MAX_WAIT_S,
+    NONFINITE_POLICIES,
+    RequestError,
+    ProtocolError,
+    short,
+    _MISSING,
+    _Fields,
+    TableShard,
+    _TABLE_FIELDS,
+    _table_shard,
+    _row_ids,
+    _also_tables,
+    _check_key,
+    _spec,
+    check_policy_spec,
+    _no_tensors,
+    _tensor_keys,
+    ROWS_SUFFIX,
+    MAX_INCARNATION,
+    _with_incarnation,
+)
+from tfdist.ps._member_protocol import (  # noqa: F401
+    SetExcludedRequest,
+    _WorkerRequest,
+    HeartbeatRequest,
+    StatusRequest,
+    DoneRequest,
+    LeaveRequest,
+    ShutdownRequest,
+    CheckpointRequest,
+    RestoreRequest,
+    ControlRequest,
+)
+from tfdist.ps._table_protocol import LookupRequest, PushRowsRequest, WriteRowsRequest  # noqa: F401
 
 __all__ = [
     "SERVICE",
@@ -38,6 +79,7 @@ __all__ = [
     "RequestError",
     "NONFINITE_POLICIES",
     "InitRequest",
+    "ExtendRequest",
     "WaitInitRequest",
     "PullRequest",
     "PushRequest",
@@ -63,311 +105,6 @@ __all__ = [
     "short",
 ]
 
-#: gRPC service name of a parameter-server task.
-SERVICE = "tfdist.ParameterServer"
-
-#: Largest worker id (ids are ``0 .. num_workers - 1``; -1 is an evaluator's read-only id).
-MAX_WORKER_ID = 2**31 - 1
-#: Most workers a job may have (``Init``'s ``num_workers``): a real job's range, so no request can
-#: make a PS count millions of phantom workers.
-MAX_WORKERS = 2**16
-#: Most local steps one ``Push`` may sum (``steps``): counters stay far from the range of exact integers.
-MAX_STEPS_PER_PUSH = 10**7
-#: Largest loss a push may report (any finite float; an integer beyond it is refused, not an OverflowError).
-MAX_LOSS = 1.7976931348623157e308
-#: Largest clock, step, version or count a request may carry (exact in a float64 and in JSON).
-MAX_COUNT = 2**53
-#: Longest variable key.
-MAX_KEY_CHARS = 512
-#: Tables one ``Lookup`` may read at the same rows (``also``).
-MAX_LOOKUP_TABLES = 64
-#: Most variables (or worker ids) one request may name.
-MAX_ITEMS = 1_000_000
-#: Longest wait a request may ask for, in seconds (the server bounds it further).
-MAX_WAIT_S = 24 * 3600.0
-
-#: ``"refuse"``: a push or initial value with NaN/Inf is refused (default); ``"allow"``: stored as sent.
-NONFINITE_POLICIES = ("refuse", "allow")
-
-
-class RequestError(PSRejectedError):
-    """A request a parameter server refuses; nothing was changed.
-
-    ``grpc_code`` names the gRPC status the server answers with.
-    """
-
-    grpc_code = "INVALID_ARGUMENT"
-
-    def __init__(self, message: str, grpc_code: str | None = None):
-        super().__init__(message)
-        if grpc_code:
-            self.grpc_code = grpc_code
-
-
-class ProtocolError(RequestError):
-    """A malformed request: a field of the wrong type or range, unknown or missing."""
-
-
-def short(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters: error messages never echo a whole request."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# ------------------------------------------------------------------ field readers
-_MISSING = object()
-
-
-class _Fields:
-    """Reads a request's ``meta``; every field read is remembered so unknown ones can be refused."""
-
-    def __init__(self, method: str, meta: Any):
-        if not isinstance(meta, dict):
-            raise ProtocolError(f"{method}: the request's meta must be an object. Received: {short(meta)}.")
-        self.method = method
-        self.meta = meta
-        self.read: set[str] = set()
-
-    def _fail(self, name: str, value: Any, want: str) -> ProtocolError:
-        return ProtocolError(f"{self.method}: field `{name}` must be {want}. Received: {name}={short(value)}.")
-
-    def get(self, name: str, default: Any = _MISSING) -> Any:
-        self.read.add(name)
-        if name not in self.meta:
-            if default is _MISSING:
-                raise ProtocolError(f"{self.method}: required field `{name}` is missing.")
-            return default
-        return self.meta[name]
-
-    def int(self, name: str, low: int, high: int, default: Any = _MISSING) -> Any:
-        value = self.get(name, default)
-        if value is None and default is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise self._fail(name, value, f"an integer in [{low}, {high}]")
-        return value
-
-    def number(self, name: str, low: float, high: float, default: Any = _MISSING) -> Any:
-        value = self.get(name, default)
-        if value is None and default is None:
-            return None
-        # Range first: an integer too large for a float (10**400) is refused, not an OverflowError.
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high \
-                or not math.isfinite(value):
-            raise self._fail(name, value, f"a finite number in [{low:g}, {high:g}]")
-        return float(value)
-
-    def flag(self, name: str, default: bool) -> bool:
-        value = self.get(name, default)
-        if not isinstance(value, bool):
-            raise self._fail(name, value, "true or false")
-        return value
-
-    def choice(self, name: str, options: tuple[str, ...], default: str) -> str:
-        value = self.get(name, default)
-        if not isinstance(value, str) or value not in options:
-            raise self._fail(name, value, f"one of {list(options)}")
-        return value
-
-    def worker(self, name: str = "worker", allow_reader: bool = False, default: Any = _MISSING) -> Any:
-        low = -1 if allow_reader else 0
-        return self.int(name, low, MAX_WORKER_ID, default)
-
-    def workers(self, name: str, default: Any = None) -> frozenset[int] | None:
-        value = self.get(name, default)
-        if value is None and default is None:
-            return None
-        if not isinstance(value, list) or len(value) > MAX_ITEMS:
-            raise self._fail(name, value, "a list of worker ids")
-        for w in value:
-            if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= MAX_WORKER_ID:
-                raise self._fail(name, value, f"a list of worker ids (integers in [0, {MAX_WORKER_ID}])")
-        return frozenset(value)
-
-    def keys(self, name: str = "keys") -> tuple[str, ...] | None:
-        value = self.get(name, None)
-        if value is None:
-            return None
-        if not isinstance(value, list) or len(value) > MAX_ITEMS:
-            raise self._fail(name, value, "a list of variable keys")
-        for k in value:
-            _check_key(self.method, k)
-        if len(set(value)) != len(value):
-            dup = sorted({k for k in value if value.count(k) > 1})[:4]
-            raise ProtocolError(f"{self.method}: `{name}` names a variable twice: {short(dup)}. Name each once.")
-        return tuple(value)
-
-    def policy(self, num_workers: int | None) -> dict | None:
-        spec = self.get("policy", None)
-        if spec is None:
-            return None
-        return check_policy_spec(self.method, spec, num_workers)
-
-    def specs(self, name: str = "specs", default: Any = _MISSING) -> tuple[VariableSpec, ...] | None:
-        value = self.get(name, default)
-        if value is None and default is None:
-            return None
-        if not isinstance(value, list) or len(value) > MAX_ITEMS:
-            raise self._fail(name, value, "a list of variable specs")
-        specs = tuple(_spec(self.method, d) for d in value)
-        keys = [s.key for s in specs]
-        if len(set(keys)) != len(keys):
-            dup = sorted({k for k in keys if keys.count(k) > 1})[:4]
-            raise ProtocolError(f"{self.method}: duplicate variable keys in `{name}`: {short(dup)}.")
-        return specs
-
-    def tables(self, name: str = "tables") -> tuple[TableShard, ...]:
-        value = self.get(name, [])
-        if not isinstance(value, list) or len(value) > MAX_ITEMS:
-            raise self._fail(name, value, "a list of table specs")
-        shards = tuple(_table_shard(self.method, d) for d in value)
-        keys = [t.spec.key for t in shards]
-        if len(set(keys)) != len(keys):
-            raise ProtocolError(f"{self.method}: a table is named twice in `{name}`: {short(sorted(keys))}.")
-        return shards
-
-    def finish(self) -> None:
-        unknown = sorted(set(self.meta) - self.read)
-        if unknown:
-            raise ProtocolError(
-                f"{self.method}: unknown field(s) {short(unknown)}. Are client and server the same tfdist version?"
-            )
-
-
-@dataclass(frozen=True)
-class TableShard:
-    """A PS-resident table (:class:`~tfdist.ps.sparse.TableSpec`) and which of its mod shards this task holds."""
-
-    spec: TableSpec
-    shard: int
-    num_shards: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.spec.to_dict(), "shard": self.shard, "num_shards": self.num_shards}
-
-
-_TABLE_FIELDS = {"key", "rows", "dim", "dtype", "initializer", "optimizer", "seed", "shard", "num_shards"}
-
-
-def _table_shard(method: str, d: Any) -> TableShard:
-    if not isinstance(d, dict) or set(d) - _TABLE_FIELDS or not {"key", "rows", "dim", "shard", "num_shards"} <= set(d):
-        raise ProtocolError(f"{method}: a table spec is an object with fields {sorted(_TABLE_FIELDS)} (key, rows, dim, "
-                            f"shard and num_shards required). Received: {short(d)}.")
-    _check_key(method, d["key"])
-    for name in ("shard", "num_shards", "seed"):
-        v = d.get(name, 0)
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT:
-            raise ProtocolError(f"{method}: table {short(d['key'])}: `{name}` must be an integer >= 0. "
-                                f"Received: {short(v)}.")
-    if not 0 <= d["shard"] < d["num_shards"]:
-        raise ProtocolError(f"{method}: table {short(d['key'])}: shard {d['shard']} is not one of "
-                            f"{d['num_shards']} shards.")
-    if isinstance(d["rows"], int) and not isinstance(d["rows"], bool) and d["rows"] > MAX_COUNT:
-        raise ProtocolError(f"{method}: table {short(d['key'])}: too many rows ({short(d['rows'])}).")
-    if isinstance(d["dim"], int) and not isinstance(d["dim"], bool) and d["dim"] > MAX_COUNT:
-        raise ProtocolError(f"{method}: table {short(d['key'])}: too wide a row (dim {short(d['dim'])}).")
-    try:
-        spec = TableSpec.from_dict(d)
-    except (ValueError, TypeError, OverflowError) as e:
-        raise ProtocolError(f"{method}: {short(str(e), 300)}") from None
-    return TableShard(spec, d["shard"], d["num_shards"])
-
-
-def _row_ids(method: str, tensors: Mapping[str, np.ndarray], name: str = "rows") -> np.ndarray:
-    rows = tensors.get(name)
-    if rows is None or rows.dtype != np.int64 or rows.ndim != 1:
-        raise ProtocolError(f"{method}: tensor `{name}` must be a 1-D int64 array of row indices. Received: "
-                            f"{None if rows is None else f'{rows.dtype.name}{list(rows.shape)}'}.")
-    return rows
-
-
-def _also_tables(method: str, f: "_Fields", key: str) -> tuple[str, ...]:
-    """A row request's ``also``: more table keys, distinct and not ``key`` (at most MAX_LOOKUP_TABLES)."""
-    also = f.get("also", [])
-    if not isinstance(also, list) or len(also) > MAX_LOOKUP_TABLES:
-        raise ProtocolError(f"{method}: `also` is a list of at most {MAX_LOOKUP_TABLES} table keys. "
-                            f"Received: {short(also)}.")
-    also = tuple(_check_key(method, k) for k in also)
-    if len(set(also)) != len(also) or key in also:
-        raise ProtocolError(f"{method}: a table is named twice (`key` {short(key)}, `also` {short(list(also))}).")
-    return also
-
-
-def _check_key(method: str, key: Any) -> str:
-    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
-        raise ProtocolError(
-            f"{method}: a variable key must be a string of 1 to {MAX_KEY_CHARS} characters. Received: {short(key)}."
-        )
-    return key
-
-
-def _spec(method: str, d: Any) -> VariableSpec:
-    if not isinstance(d, dict) or set(d) - {"key", "dtype", "shape", "trainable"}:
-        raise ProtocolError(
-            f"{method}: a variable spec is an object with key, dtype, shape and trainable. Received: {short(d)}."
-        )
-    key = _check_key(method, d.get("key"))
-    dtype = d.get("dtype")
-    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
-        raise ProtocolError(f"{method}: spec {short(key)} has dtype {short(dtype)}; allowed: {sorted(ALLOWED_DTYPES)}.")
-    shape = d.get("shape")
-    if not isinstance(shape, list) or len(shape) > 32 or any(
-            isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_COUNT for x in shape):
-        raise ProtocolError(f"{method}: spec {short(key)} has a bad shape {short(shape)} (non-negative integers).")
-    if math.prod(shape) > MAX_COUNT:
-        raise ProtocolError(f"{method}: spec {short(key)} has {math.prod(shape)} elements; too many.")
-    trainable = d.get("trainable", True)
-    if not isinstance(trainable, bool):
-        raise ProtocolError(f"{method}: spec {short(key)} has trainable={short(trainable)}; expected true or false.")
-    return VariableSpec(key, dtype, tuple(shape), trainable)
-
-
-def check_policy_spec(method: str, spec: Any, num_workers: int | None) -> dict:
-    """Validates a consistency-policy spec by building the policy (the one codec: ``policy_from_spec``)."""
-    from tfdist.consistency import policy_from_spec
-    from tfdist.errors import ConfigError
-
-    if not isinstance(spec, dict):
-        raise ProtocolError(f"{method}: `policy` must be an object. Received: policy={short(spec)}.")
-    try:
-        policy = policy_from_spec(spec, num_workers or 1)
-    except (ConfigError, TypeError, ValueError, OverflowError) as e:
-        raise ProtocolError(f"{method}: bad consistency policy {short(spec)}: {short(str(e), 300)}") from None
-    if policy.spec() != {**policy.spec(), **spec}:
-        extra = {k: v for k, v in spec.items() if policy.spec().get(k, _MISSING) != v}
-        raise ProtocolError(
-            f"{method}: consistency policy fields {short(extra)} are unknown or not in canonical form; "
-            f"send policy.spec() ({short(policy.spec())})."
-        )
-    return policy.spec()
-
-
-def _no_tensors(method: str, tensors: Mapping[str, np.ndarray]) -> None:
-    if tensors:
-        raise ProtocolError(f"{method} carries no tensors. Received {len(tensors)}: {short(sorted(tensors)[:4])}.")
-
-
-def _tensor_keys(method: str, tensors: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
-    if len(tensors) > MAX_ITEMS:
-        raise ProtocolError(f"{method}: {len(tensors)} tensors in one request; at most {MAX_ITEMS}.")
-    for key in tensors:
-        _check_key(method, key)
-    return tensors
-
-
-#: Suffix of the tensor holding a row-sparse delta's row indices (``Push``/``PushPull`` with ``sparse``).
-ROWS_SUFFIX = "@rows"
-
-#: Incarnations are random 48-bit numbers (one per start, reset or roll-back of a PS task).
-MAX_INCARNATION = 2**48 - 1
-
-
-def _with_incarnation(meta: dict[str, Any], incarnation: int | None) -> dict[str, Any]:
-    if incarnation is not None:
-        meta["incarnation"] = incarnation
-    return meta
-
-
 # ------------------------------------------------------------------------ requests
 @dataclass(frozen=True)
 class InitRequest:
@@ -383,6 +120,10 @@ class InitRequest:
     replace the values of an initialised store too, and restart its global
     step at ``step``; the store takes a new incarnation, so every worker
     re-syncs.
+
+    ``joined``: the keys among ``specs`` of variables that joined the job
+    after its first step (:class:`ExtendRequest`); a worker that starts
+    again may leave them out until it creates them.
     """
 
     worker: int
@@ -394,12 +135,15 @@ class InitRequest:
     nonfinite: str = "refuse"
     reset: bool = False
     tables: tuple[TableShard, ...] = ()
+    joined: tuple[str, ...] = ()
 
     def to_wire(self):
         meta = {"worker": self.worker, "specs": [s.to_dict() for s in self.specs], "step": self.step,
                 "nonfinite": self.nonfinite}
         if self.reset:
             meta["reset"] = True
+        if self.joined:
+            meta["joined"] = list(self.joined)
         if self.tables:
             meta["tables"] = [t.to_dict() for t in self.tables]
         if self.policy is not None:
@@ -425,8 +169,51 @@ class InitRequest:
                     f"Init: value of {short(s.key)} is {v.dtype.name}{list(v.shape)}, its spec says "
                     f"{s.dtype}{list(s.shape)}."
                 )
+        joined = f.keys("joined") or ()
+        if not set(joined) <= keys:
+            raise ProtocolError(f"Init: `joined` names variables that are not in `specs`: "
+                                f"{short(sorted(set(joined) - keys)[:4])}.")
         return cls(f.worker(), specs, tensors, f.policy(num_workers), num_workers, f.int("step", 0, MAX_COUNT, 0),
-                   f.choice("nonfinite", NONFINITE_POLICIES, "refuse"), f.flag("reset", False), f.tables())
+                   f.choice("nonfinite", NONFINITE_POLICIES, "refuse"), f.flag("reset", False), f.tables(), joined)
+
+
+@dataclass(frozen=True)
+class ExtendRequest:
+    """Variables created after the job's first step join it (a new head, a fresh optimizer, a second model).
+
+    ``specs``: the new variables (or pieces) this task holds, in creation
+    order, with ``values`` (the sender's initial values, one per spec). The
+    first worker to send a key adds it; a later one with the same spec gets
+    the job's values; a different spec is refused. Reply
+    (:class:`~tfdist.ps.replies.ExtendReply`): the job's ``values`` of every
+    key sent, the keys ``added`` by this call, ``version``, ``incarnation``.
+    """
+
+    worker: int
+    specs: tuple[VariableSpec, ...]
+    values: Mapping[str, np.ndarray] = field(repr=False)
+    incarnation: int | None = None
+
+    def to_wire(self):
+        return (_with_incarnation({"worker": self.worker, "specs": [s.to_dict() for s in self.specs]},
+                                  self.incarnation), dict(self.values))
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        specs = f.specs()
+        if not specs:
+            raise ProtocolError("Extend: `specs` is empty; name at least one variable.")
+        keys = {s.key for s in specs}
+        if keys != set(tensors):
+            raise ProtocolError(
+                f"Extend: values do not match specs: missing {short(sorted(keys - set(tensors))[:4])}, "
+                f"unexpected {short(sorted(set(tensors) - keys)[:4])}.")
+        for s in specs:
+            v = tensors[s.key]
+            if v.dtype.name != s.dtype or tuple(v.shape) != s.shape:
+                raise ProtocolError(f"Extend: value of {short(s.key)} is {v.dtype.name}{list(v.shape)}, its spec "
+                                    f"says {s.dtype}{list(s.shape)}.")
+        return cls(f.worker(), specs, tensors, f.int("incarnation", 0, MAX_INCARNATION, None))
 
 
 @dataclass(frozen=True)
@@ -620,295 +407,6 @@ class PutStateRequest:
                    f.int("incarnation", 0, MAX_INCARNATION, None))
 
 
-@dataclass(frozen=True)
-class SetExcludedRequest:
-    """Replace the set of detected stragglers barriers do not wait for. Reply: ``excluded``."""
-
-    worker: int
-    excluded: frozenset[int]
-
-    def to_wire(self):
-        return {"worker": self.worker, "excluded": sorted(self.excluded)}, {}
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        _no_tensors("SetExcluded", tensors)
-        excluded = f.workers("excluded", _MISSING)
-        return cls(f.worker(), excluded)
-
-
-@dataclass(frozen=True)
-class _WorkerRequest:
-    """A request that carries only the sending worker's id."""
-
-    worker: int
-
-    def to_wire(self):
-        return {"worker": self.worker}, {}
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        _no_tensors(f.method, tensors)
-        return cls(f.worker())
-
-
-@dataclass(frozen=True)
-class HeartbeatRequest(_WorkerRequest):
-    """A worker is alive. Reply: ``live_workers``."""
-
-
-@dataclass(frozen=True)
-class StatusRequest:
-    """Counters, membership and policy; ``brief`` leaves out the per-variable specs."""
-
-    brief: bool = False
-
-    def to_wire(self):
-        return ({"brief": True} if self.brief else {}), {}
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        _no_tensors("Status", tensors)
-        return cls(f.flag("brief", False))
-
-
-@dataclass(frozen=True)
-class DoneRequest(_WorkerRequest):
-    """A worker of the job has finished (it counts towards the PS task's exit). Reply: ``done_workers``."""
-
-
-@dataclass(frozen=True)
-class LeaveRequest(_WorkerRequest):
-    """A worker stops taking part in barriers now (it may still read, and train again later).
-
-    Unlike ``Done`` it does not count towards the PS task's exit. Reply:
-    ``live_workers``.
-    """
-
-
-@dataclass(frozen=True)
-class ShutdownRequest(_WorkerRequest):
-    """A worker of the job asks the PS task to stop now. Reply: ``stopping``."""
-
-
-@dataclass(frozen=True)
-class CheckpointRequest:
-    """A worker of the job asks for a checkpoint of this PS task's shard.
-
-    Without ``at_step``: now (``strategy.checkpoint()``), answered once it is
-    written; reply ``step``, ``path`` (``None`` for both when the task has no
-    ``ps.checkpoint_dir``). With ``at_step`` (gradient path, the chief's
-    time-based checkpoints): when the state snapshot reaches that step, so
-    every task checkpoints the same step; reply ``scheduled`` (False when the
-    task is already past it).
-    """
-
-    worker: int
-    at_step: int | None = None
-
-    def to_wire(self):
-        meta: dict[str, Any] = {"worker": self.worker}
-        if self.at_step is not None:
-            meta["at_step"] = self.at_step
-        return meta, {}
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        _no_tensors("Checkpoint", tensors)
-        return cls(f.worker(), f.int("at_step", 0, MAX_COUNT, None))
-
-
-@dataclass(frozen=True)
-class LookupRequest:
-    """Rows of a PS-resident table (this task's shard; ``rows`` are local row indices, int64).
-
-    ``clock`` (update path): the step the worker is about to start, as for a
-    ``Pull`` (SSP may make it wait). ``worker`` -1: an evaluator's read.
-    ``also``: more tables read at the same rows in the same request (a wide
-    and a deep table looked up by the same ids), distinct, not ``key``.
-    Reply: ``version``; tensor ``values`` (one row per requested index, in
-    order) and ``values.<i>`` for ``also[i - 1]``.
-    """
-
-    worker: int
-    key: str
-    rows: np.ndarray = field(repr=False)
-    clock: int | None = None
-    also: tuple[str, ...] = ()
-
-    def to_wire(self):
-        meta: dict[str, Any] = {"worker": self.worker, "key": self.key}
-        if self.clock is not None:
-            meta["clock"] = self.clock
-        if self.also:
-            meta["also"] = list(self.also)
-        return meta, {"rows": self.rows}
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        if set(tensors) != {"rows"}:
-            raise ProtocolError(f"Lookup: exactly one tensor, `rows`. Received: {short(sorted(tensors))}.")
-        key = _check_key("Lookup", f.get("key"))
-        also = _also_tables("Lookup", f, key)
-        return cls(f.worker(allow_reader=True), key, _row_ids("Lookup", tensors),
-                   f.int("clock", 0, MAX_COUNT, None), also)
-
-    @staticmethod
-    def values_name(i: int) -> str:
-        """The reply tensor of the ``i``-th table read (0: ``key``; ``i``: ``also[i - 1]``)."""
-        return "values" if i == 0 else f"values.{i}"
-
-
-@dataclass(frozen=True)
-class PushRowsRequest:
-    """Row gradients of a PS-resident table (``rows`` local int64, ``grads`` one row each; repeats add up).
-
-    Update path: applied at once with the table's optimizer. Gradient path:
-    counted towards global step ``step`` (required) with this worker's dense
-    gradient, and applied when that step completes. ``learning_rate``: the
-    worker's optimizer's current value (schedules); ``None``: the table's.
-    ``incarnation`` as for ``Push``. ``also``: more tables' gradients at the
-    same rows (tensor ``grads.<i>`` for ``also[i - 1]``), all checked before
-    any is applied. Reply: ``applied``, ``dropped``.
-    """
-
-    worker: int
-    key: str
-    rows: np.ndarray = field(repr=False)
-    grads: np.ndarray = field(repr=False)
-    learning_rate: float | None = None
-    step: int | None = None
-    incarnation: int | None = None
-    also: tuple[str, ...] = ()
-    also_grads: tuple[np.ndarray, ...] = field(default=(), repr=False)
-
-    def to_wire(self):
-        meta: dict[str, Any] = {"worker": self.worker, "key": self.key}
-        for name in ("learning_rate", "step", "incarnation"):
-            if getattr(self, name) is not None:
-                meta[name] = getattr(self, name)
-        tensors = {"rows": self.rows, "grads": self.grads}
-        if self.also:
-            meta["also"] = list(self.also)
-            tensors.update({self.grads_name(i + 1): g for i, g in enumerate(self.also_grads)})
-        return meta, tensors
-
-    @staticmethod
-    def grads_name(i: int) -> str:
-        """The tensor of the ``i``-th table's gradients (0: ``key``; ``i``: ``also[i - 1]``)."""
-        return "grads" if i == 0 else f"grads.{i}"
-
-    def tables(self) -> list[tuple[str, np.ndarray]]:
-        """(key, gradients) of every table the request names, ``key`` first."""
-        return [(self.key, self.grads), *zip(self.also, self.also_grads)]
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        key = _check_key("PushRows", f.get("key"))
-        also = _also_tables("PushRows", f, key)
-        names = [cls.grads_name(i) for i in range(len(also) + 1)]
-        if set(tensors) != {"rows", *names}:
-            raise ProtocolError(f"PushRows: exactly the tensors `rows` and {', '.join(f'`{n}`' for n in names)}. "
-                                f"Received: {short(sorted(tensors))}.")
-        rows = _row_ids("PushRows", tensors)
-        for name in names:
-            grads = tensors[name]
-            if grads.ndim != 2 or grads.shape[0] != rows.shape[0]:
-                raise ProtocolError(f"PushRows: `{name}` must be 2-D with one row per index: {list(grads.shape)} "
-                                    f"for {rows.shape[0]} rows.")
-        return cls(f.worker(), key, rows, tensors["grads"],
-                   f.number("learning_rate", 0.0, 1e6, None), f.int("step", 0, MAX_COUNT, None),
-                   f.int("incarnation", 0, MAX_INCARNATION, None), also,
-                   tuple(tensors[name] for name in names[1:]))
-
-
-@dataclass(frozen=True)
-class WriteRowsRequest:
-    """Sets rows of a PS-resident table (``rows`` local int64, distinct; ``values`` one float32 row each).
-
-    Loading weights into a table (``load_weights``, ``load_model`` under the
-    strategy): the rows take the values, the optimizer's slots are kept.
-    ``incarnation`` as for ``Push``. Reply: ``written`` (rows set).
-    """
-
-    worker: int
-    key: str
-    rows: np.ndarray = field(repr=False)
-    values: np.ndarray = field(repr=False)
-    incarnation: int | None = None
-
-    def to_wire(self):
-        meta: dict[str, Any] = {"worker": self.worker, "key": self.key}
-        if self.incarnation is not None:
-            meta["incarnation"] = self.incarnation
-        return meta, {"rows": self.rows, "values": self.values}
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        if set(tensors) != {"rows", "values"}:
-            raise ProtocolError(f"WriteRows: exactly two tensors, `rows` and `values`. Received: "
-                                f"{short(sorted(tensors))}.")
-        rows, values = _row_ids("WriteRows", tensors), tensors["values"]
-        if values.ndim != 2 or values.shape[0] != rows.shape[0]:
-            raise ProtocolError(f"WriteRows: `values` must be 2-D with one row per index: {list(values.shape)} for "
-                                f"{rows.shape[0]} rows.")
-        if len(np.unique(rows)) != len(rows):
-            raise ProtocolError("WriteRows: a row is named twice (which value would it keep?).")
-        return cls(f.worker(), _check_key("WriteRows", f.get("key")), rows, values,
-                   f.int("incarnation", 0, MAX_INCARNATION, None))
-
-
-@dataclass(frozen=True)
-class RestoreRequest:
-    """A worker of the job rolls this PS task back to its checkpoint of ``step`` (a consistent cut).
-
-    The gradient path's recovery: when one task restarted from the
-    checkpoint of step S, the chief rolls every other task back to S. The
-    task takes a new incarnation. Reply: ``step``, ``incarnation``.
-    """
-
-    worker: int
-    step: int
-
-    def to_wire(self):
-        return {"worker": self.worker, "step": self.step}, {}
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        _no_tensors("Restore", tensors)
-        return cls(f.worker(), f.int("step", 0, MAX_COUNT))
-
-
-@dataclass(frozen=True)
-class ControlRequest:
-    """The elastic engine: ask workers to leave (``drain``), take it back (``undrain``),
-    report ended processes (``gone``), set the job's ``total_batches``.
-
-    Reply: ``draining``, ``total_batches``, ``progress``, ``job_done``.
-    """
-
-    drain: frozenset[int] | None = None
-    undrain: frozenset[int] | None = None
-    gone: frozenset[int] | None = None
-    total_batches: int | None = None
-
-    def to_wire(self):
-        meta: dict[str, Any] = {}
-        for name in ("drain", "undrain", "gone"):
-            if getattr(self, name) is not None:
-                meta[name] = sorted(getattr(self, name))
-        if self.total_batches is not None:
-            meta["total_batches"] = self.total_batches
-        return meta, {}
-
-    @classmethod
-    def parse(cls, f: _Fields, tensors):
-        _no_tensors("Control", tensors)
-        return cls(f.workers("drain"), f.workers("undrain"), f.workers("gone"),
-                   f.int("total_batches", 1, MAX_COUNT, None))
-
-
-#: Most entries an epoch's logs may have.
 MAX_LOG_ENTRIES = 1024
 
 
@@ -980,6 +478,7 @@ class RendezvousRequest:
 
 _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "Init": InitRequest.parse,
+    "Extend": ExtendRequest.parse,
     "WaitInit": WaitInitRequest.parse,
     "Pull": PullRequest.parse,
     "Push": PushRequest.parse,

@@ -24,7 +24,7 @@ import numpy as np
 from tfdist.ps.protocol import ProtocolError, short
 
 __all__ = [
-    "InitReply", "WaitInitReply", "PullReply", "PushReply", "PushPullReply", "GradientsReply", "PutStateReply",
+    "InitReply", "ExtendReply", "WaitInitReply", "PullReply", "PushReply", "PushPullReply", "GradientsReply", "PutStateReply",
     "SetExcludedReply", "LiveWorkersReply", "StatusReply", "DoneReply", "ShutdownReply", "ControlReply",
     "CheckpointReply", "RestoreReply", "LookupReply", "PushRowsReply", "WriteRowsReply", "EpochLogsReply", "RendezvousReply",
     "REPLIES",
@@ -44,6 +44,7 @@ def _check(cls_name: str, name: str, value: Any, kind: str) -> Any:
                                                                 for x in v),
         "floats": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                                  for x in v),
+        "strs": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
         "numbers": lambda v: isinstance(v, Mapping) and all(
             isinstance(k, str) and isinstance(x, (int, float)) and not isinstance(x, bool) for k, x in v.items()),
     }[kind](value)
@@ -54,7 +55,7 @@ def _check(cls_name: str, name: str, value: Any, kind: str) -> Any:
         return {k: float(x) for k, x in value.items()}
     if kind == "floats":
         return tuple(float(x) for x in value)
-    return tuple(value) if kind == "ints" else value
+    return tuple(value) if kind in ("ints", "strs") else value
 
 
 class _Reply:
@@ -110,6 +111,17 @@ class InitReply(_Reply):
     incarnation: int
     state_step: int
     _KINDS = _kinds(initialized_here="bool", version="int", global_step="int", incarnation="int", state_step="int")
+
+
+@dataclass(frozen=True)
+class ExtendReply(_Reply):
+    """``Extend``: the job's ``values`` of every key sent; ``added``: the keys this call added (the others existed)."""
+
+    version: int
+    incarnation: int
+    added: tuple[str, ...]
+    values: Mapping[str, np.ndarray] = field(default_factory=dict, repr=False)
+    _KINDS = _kinds(version="int", incarnation="int", added="strs")
 
 
 @dataclass(frozen=True)
@@ -380,7 +392,7 @@ class StatusReply:
 
 #: The reply type of each method of :data:`~tfdist.ps.protocol.METHODS`.
 REPLIES = {
-    "Init": InitReply, "WaitInit": WaitInitReply, "Pull": PullReply, "Push": PushReply, "PushPull": PushPullReply,
+    "Init": InitReply, "Extend": ExtendReply, "WaitInit": WaitInitReply, "Pull": PullReply, "Push": PushReply, "PushPull": PushPullReply,
     "PushGradients": GradientsReply, "PutState": PutStateReply, "SetExcluded": SetExcludedReply,
     "Heartbeat": LiveWorkersReply, "Status": StatusReply, "Done": DoneReply, "Leave": LiveWorkersReply,
     "Shutdown": ShutdownReply, "Control": ControlReply, "Checkpoint": CheckpointReply, "Restore": RestoreReply,

@@ -47,7 +47,8 @@ from tfdist.consistency.base import ConsistencyPolicy
 from tfdist.grpc_service import WireService
 from tfdist import wire
 from tfdist.ps import memory, protocol, replies
-from tfdist.ps.checkpoint import CheckpointError, ShardCheckpointer
+from tfdist.ps.checkpoint import CheckpointError
+from tfdist.ps.checkpointer import ShardCheckpointer
 from tfdist.ps.protocol import METHODS, SERVICE
 from tfdist.ps.store import ParameterStore
 
@@ -144,6 +145,11 @@ class ParameterService:
         reply = self.store.init(req)
         if req.reset and self.checkpointer is not None:
             self.checkpointer.discard_after(req.step)  # the job goes on from the chief's step
+        return reply
+
+    def _rpc_Extend(self, req: protocol.ExtendRequest, budget, cancelled):
+        reply = self.store.extend(req)
+        self._after_update()
         return reply
 
     def _rpc_WaitInit(self, req: protocol.WaitInitRequest, budget, cancelled):
@@ -288,7 +294,7 @@ class PSServer:
             the newest one from at start (``ps.checkpoint_dir``); ``None``:
             no checkpoints.
         checkpoint_every_s, checkpoint_every_steps, checkpoint_keep: See
-            :class:`~tfdist.ps.checkpoint.ShardCheckpointer`.
+            :class:`~tfdist.ps.checkpointer.ShardCheckpointer`.
         num_ps: PS tasks of the job (a checkpoint of a job with another
             number is not restored). Defaults to 1.
         starting_workers: Workers the job starts with (``JobConfig.starting_workers``);

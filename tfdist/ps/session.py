@@ -11,52 +11,44 @@ The session owns the placement plan, the cache snapshot and the protocol:
   tasks in parallel.
 * :meth:`WorkerSession.pull` — fresh values without pushing.
 
-:class:`UpdateSession` adds SSP clocks (ASP, SSP, DTSSP) and
-:class:`GradientSession` the gradient path (BSP, SyncReplicas). Strategies
-call these from ``tf.py_function``; tests call them directly.
+:class:`~tfdist.ps.update_session.UpdateSession` adds SSP clocks (ASP, SSP,
+DTSSP) and :class:`~tfdist.ps.gradient_session.GradientSession` the gradient
+path (BSP, SyncReplicas): one module per exchange path. Strategies call these
+from ``tf.py_function``; tests call them directly.
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import logging
 import math
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from tfdist.consistency.ssp import cache_is_fresh_enough
 from tfdist.errors import PSRejectedError, PSRestartedError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.exchange_state import ExchangeState
 from tfdist.ps.placement import PlacementPlan, VariableSpec
-from tfdist.ps.sparse import TableSpec, shard_of
+from tfdist.ps.sparse import TableSpec
 from tfdist.ps.protocol import (
-    CheckpointRequest,
     DoneRequest,
-    EpochLogsRequest,
+    ExtendRequest,
     HeartbeatRequest,
     InitRequest,
     LeaveRequest,
-    LookupRequest,
-    PushRowsRequest,
-    WriteRowsRequest,
     TableShard,
     PullRequest,
-    PushGradientsRequest,
     PushPullRequest,
     PushRequest,
-    PutStateRequest,
-    RestoreRequest,
     SetExcludedRequest,
     StatusRequest,
     WaitInitRequest,
 )
-from tfdist.ps.replies import PullReply, StatusReply
+from tfdist.ps.replies import StatusReply
+from tfdist.ps._session_recovery import SessionRecovery
+from tfdist.ps._session_tables import SessionTables
 
 __all__ = ["WorkerSession"]
 
@@ -67,7 +59,7 @@ logger = logging.getLogger(__name__)
 AUDIT_STEPS = 100_000
 
 
-class WorkerSession:
+class WorkerSession(SessionRecovery, SessionTables):
     """One worker's view of the parameter servers.
 
     Args:
@@ -137,6 +129,10 @@ class WorkerSession:
         #: What a push diffs against when it is not the snapshot (after an overlapped exchange).
         self._base: dict[str, np.ndarray] | None = None
         self._by_key = {s.key: s for s in self.specs}
+        #: A piece's key on its PS task → its variable's key.
+        self._var_key = {sh.key: sh.var_key for sh in plan.shards}
+        #: Keys of the variables that joined the job after its first step (sent again in a re-``Init``).
+        self.joined: list[str] = []
         self.stats = {"syncs": 0, "pulls": 0, "bytes_pushed": 0, "bytes_pulled": 0, "sync_seconds": 0.0,
                       "unchanged_replies": 0, "recoveries": 0, "rows_pulled": 0, "rows_pushed": 0}
         self._hb_interval = heartbeat_interval_s
@@ -169,61 +165,64 @@ class WorkerSession:
     def _init_request(self, ps: int, values: Mapping[str, np.ndarray], step: int = 0, reset: bool = False
                       ) -> InitRequest:
         """The chief's ``Init`` of task ``ps``: its variables, the policy, and its shard of every table."""
-        return InitRequest(self.worker_id, self._shard_specs(ps), values, self.policy_spec, self.num_workers,
+        specs = self._shard_specs(ps)
+        joined = set(self.joined)
+        return InitRequest(self.worker_id, specs, values, self.policy_spec, self.num_workers,
                            step=step, nonfinite=self.nonfinite, reset=reset,
-                           tables=tuple(TableShard(t, ps, self.plan.num_ps) for t in self.tables.values()))
+                           tables=tuple(TableShard(t, ps, self.plan.num_ps) for t in self.tables.values()),
+                           joined=tuple(s.key for s in specs if self._var_key[s.key] in joined))
+
+    def extend(self, plan: PlacementPlan, new: Sequence[VariableSpec], local_values: Mapping[str, np.ndarray]
+               ) -> tuple[dict[str, np.ndarray], frozenset[str]]:
+        """Variables created after the job's first step join it: ``Extend`` to every task holding a piece.
+
+        ``plan``: the plan so far with ``new`` placed after it (the same on
+        every worker). Returns the job's values of the new variables and the
+        keys this call added to the job (for those, the job's values are
+        this worker's: the caller need not load them). Nothing of this
+        session changes unless every task accepted.
+        """
+        new_keys = {s.key for s in new}
+        by_key = {**self._by_key, **{s.key: s for s in new}}
+        pieces = [sh for sh in plan.shards if sh.var_key in new_keys]
+        requests = {}
+        for ps in range(plan.num_ps):
+            mine = [sh for sh in pieces if sh.ps == ps]
+            if not mine:
+                continue
+            specs, values = [], {}
+            for sh in mine:
+                spec, value = by_key[sh.var_key], np.asarray(local_values[sh.var_key])
+                if sh.rows is not None:
+                    shape = (sh.rows[1] - sh.rows[0], *spec.shape[1:])
+                    spec, value = VariableSpec(sh.key, spec.dtype, shape, spec.trainable), value[sh.rows[0]:sh.rows[1]]
+                elif sh.key != spec.key:
+                    spec = VariableSpec(sh.key, spec.dtype, spec.shape, spec.trainable)
+                specs.append(spec)
+                values[sh.key] = np.array(value, order="C")  # (ascontiguousarray would make a scalar 1-d)
+            requests[ps] = ExtendRequest(self.worker_id, tuple(specs), values, self.state.incarnations[ps])
+        replies = self._request_many(requests)
+        found = {k: v for r in replies.values() for k, v in r.values.items()}
+        added_pieces = {k for r in replies.values() for k in r.added}
+        out = {}
+        for spec in new:
+            shards = [sh for sh in pieces if sh.var_key == spec.key]
+            out[spec.key] = (found[shards[0].key] if len(shards) == 1 and shards[0].rows is None
+                             else np.concatenate([found[sh.key] for sh in shards], axis=0))
+        added = frozenset(s.key for s in new if all(sh.key in added_pieces for sh in pieces if sh.var_key == s.key))
+        # -- every task accepted: the session knows the variables from now on
+        self.specs = [*self.specs, *new]
+        self._by_key = by_key
+        self.plan = plan
+        self._var_key.update({sh.key: sh.var_key for sh in pieces})
+        self.joined.extend(s.key for s in new)
+        for key, value in out.items():
+            self._snapshot[key] = np.array(value, copy=True)
+            if self._base is not None:
+                self._base[key] = np.array(value, copy=True)
+        return out, added
 
     # ------------------------------------------------------------- tables
-    def lookup_rows(self, key: str, ids: np.ndarray, as_reader: bool = False) -> np.ndarray:
-        """Rows ``ids`` (unique global ids, int64) of PS-resident table ``key``: one request per PS task holding any."""
-        return self.lookup_tables([key], ids, as_reader)[key]
-
-    def lookup_tables(self, keys: Sequence[str], ids: np.ndarray, as_reader: bool = False) -> dict[str, np.ndarray]:
-        """Rows ``ids`` of several tables at once (tables looked up by the same ids): one request per PS task."""
-        shard, local = shard_of(ids, self.plan.num_ps)
-        worker = -1 if as_reader else self.worker_id
-        clock = None if as_reader else self._lookup_clock()
-        first, also = keys[0], tuple(keys[1:])
-        requests = {ps: LookupRequest(worker, first, local[shard == ps], clock, also)
-                    for ps in range(self.plan.num_ps) if (shard == ps).any()}
-        out = {key: np.empty((len(ids), self.tables[key].dim), np.float32) for key in keys}
-        for ps, reply in self._request_many(requests).items():
-            mine = shard == ps
-            for i, key in enumerate(keys):
-                out[key][mine] = reply.values[LookupRequest.values_name(i)]
-        self.stats["rows_pulled"] += len(ids) * len(keys)
-        return out
-
-    def push_rows(self, key: str, ids: np.ndarray, grads: np.ndarray, learning_rate: float | None) -> None:
-        """Row gradients of table ``key`` (``ids`` global, may repeat) to the tasks holding those rows."""
-        self.push_tables([key], ids, [grads], learning_rate)
-
-    def push_tables(self, keys: Sequence[str], ids: np.ndarray, grads: Sequence[np.ndarray],
-                    learning_rate: float | None) -> None:
-        """Row gradients of several tables at the same ``ids`` (one ``grads`` each): one request per PS task."""
-        shard, local = shard_of(ids, self.plan.num_ps)
-        step = self._row_step()
-        grads = [np.ascontiguousarray(g, np.float32) for g in grads]
-        requests = {}
-        for ps in range(self.plan.num_ps):
-            mine = shard == ps
-            if mine.any():
-                requests[ps] = PushRowsRequest(self.worker_id, keys[0], local[mine], grads[0][mine], learning_rate,
-                                               step, self.state.incarnations[ps], tuple(keys[1:]),
-                                               tuple(g[mine] for g in grads[1:]))
-        self._request_many(requests)
-        self.stats["rows_pushed"] += len(ids) * len(keys)
-
-    def write_rows(self, key: str, ids: np.ndarray, values: np.ndarray) -> int:
-        """Sets rows ``ids`` (distinct global ids) of table ``key`` to ``values`` on the tasks holding them."""
-        shard, local = shard_of(np.asarray(ids, np.int64), self.plan.num_ps)
-        values = np.ascontiguousarray(values, np.float32)
-        requests = {ps: WriteRowsRequest(self.worker_id, key, local[shard == ps], values[shard == ps],
-                                         self.state.incarnations[ps])
-                    for ps in range(self.plan.num_ps) if (shard == ps).any()}
-        replies = self._request_many(requests)
-        return sum(reply.written for reply in replies.values())
-
     def _lookup_clock(self) -> int | None:
         """Update path: a lookup is a read at the step about to start (SSP's rule applies)."""
         return self.state.clock
@@ -265,122 +264,6 @@ class WorkerSession:
                     f"Parameter server ps:{ps} at {self.client.addresses[ps]} restarted (incarnation {known} → "
                     f"{incarnation}) since worker {self.worker_id} last talked to it.", ps=ps)
 
-    def recover(self, cause: Exception, local_values: Mapping[str, np.ndarray] | None = None,
-                as_reader: bool = False) -> dict[str, np.ndarray]:
-        """Carries on after a PS task was lost or restarted; returns the values to load.
-
-        Tries (with backoff, within ``reconnect_timeout_s``) until every PS
-        task answers. A task that restarted from a checkpoint holds its
-        restored state; one that restarted *without* a checkpoint is
-        initialised again from the chief's current values (``local_values``,
-        given on the chief; the other workers wait for it, within the same
-        bound), so no task ever serves a fresh, untrained shard. Then every
-        variable is pulled. What this worker sent in the call that failed is
-        lost on the task that restarted (at most one step; the tasks that
-        did not restart may already have applied it). ``as_reader``: pull as
-        an evaluator does (a worker that left training stays out).
-
-        Raises:
-            PSUnavailableError: a task did not come back within ``reconnect_timeout_s``.
-        """
-        start = time.monotonic()
-        deadline = start + self.reconnect_timeout_s
-        logger.warning("worker %d: lost a parameter server (%s); reconnecting (ps.reconnect_timeout_s=%g)",
-                       self.worker_id, cause, self.reconnect_timeout_s)
-        self._base = None
-        beating = self._pause_heartbeat()
-        try:
-            statuses = self._wait_all_answer(deadline, cause)
-            restarted = [ps for ps in range(self.plan.num_ps)
-                         if statuses[ps].incarnation != self.state.incarnations[ps]]
-            values = self._recover_from(statuses, restarted, local_values, deadline, as_reader)
-        finally:
-            if beating:
-                self._resume_heartbeat()
-        self.stats["recoveries"] += 1
-        logger.warning("worker %d: training goes on after %.1f s (restarted: %s)", self.worker_id,
-                       time.monotonic() - start, [f"ps:{ps}" for ps in restarted] or "none")
-        return values
-
-    def _recover_from(self, statuses, restarted, local_values, deadline, as_reader) -> dict[str, np.ndarray]:
-        """Update path: tasks that came back empty get the chief's values; every variable is pulled."""
-        for ps in restarted:
-            if statuses[ps].initialized:
-                logger.warning("worker %d: ps:%d restarted and restored its checkpoint of step %s",
-                               self.worker_id, ps, statuses[ps].restored_from)
-        empty = [ps for ps in restarted if not statuses[ps].initialized]
-        if empty:
-            self._reinitialize(empty, local_values, deadline)
-            if self.tables and self.is_chief:
-                logger.warning("worker %d: ps:%s restarted without a checkpoint: its rows of the tables %s are lost "
-                               "and start again from their initial values (set ps.checkpoint_dir)", self.worker_id,
-                               empty, sorted(self.tables))
-        self.state.forget_incarnations()  # learnt again from the pull's replies
-        return self.pull(as_reader=as_reader)
-
-    def _pause_heartbeat(self) -> bool:
-        """While recovering, the worker does not count for barriers: no heart-beat, and ``Leave`` where it reaches.
-
-        (Otherwise a barrier on a task that is fine would wait for this
-        worker's gradient until the RPC deadline.) Its next call after the
-        recovery brings it back as a joiner. Returns whether it was beating.
-        """
-        beating = self._hb_thread is not None and self._hb_thread.is_alive() and not self._hb_stop.is_set()
-        self.stop_heartbeat()
-        if self._hb_thread is not None and self._hb_thread.is_alive():
-            self._hb_thread.join(timeout=2 * (self._hb_interval or 0) + 1.0)
-        if self.worker_id < 0:
-            return beating
-        request = LeaveRequest(self.worker_id)
-        for ps in range(self.plan.num_ps):
-            try:
-                self.client.request(ps, request, timeout=2.0)
-            except Exception:  # the lost task, most likely; the others heard it
-                pass
-        return beating
-
-    def _resume_heartbeat(self) -> None:
-        self._hb_stop = threading.Event()
-        self._hb_thread = self._heartbeat_thread()
-        self._hb_thread.start()
-
-    def _wait_all_answer(self, deadline: float, cause: Exception) -> dict[int, dict]:
-        delay = 0.1
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                return self.client.request_all(StatusRequest(brief=True), timeout=max(0.5, min(5.0, remaining)))
-            except PSUnavailableError as e:
-                if time.monotonic() + delay > deadline:
-                    raise PSUnavailableError(
-                        f"A parameter server did not come back within {self.reconnect_timeout_s:g} s "
-                        f"(ps.reconnect_timeout_s): {e}. It was lost with: {cause}") from e
-                time.sleep(delay)
-                delay = min(2 * delay, 2.0)
-
-    def _reinitialize(self, tasks: list[int], local_values: Mapping[str, np.ndarray] | None, deadline: float
-                      ) -> None:
-        """Tasks that restarted with no state: the chief initialises them again; the others wait for it."""
-        if self.is_chief and local_values is not None:
-            parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
-            self.client.request_many({ps: self._init_request(ps, parts[ps], step=self.state.step) for ps in tasks})
-            logger.warning("worker %d: ps:%s restarted without a checkpoint; initialised again from this worker's "
-                           "current values (set ps.checkpoint_dir to restore instead)", self.worker_id, tasks)
-            return
-        for ps in tasks:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise PSUnavailableError(
-                        f"Parameter server ps:{ps} restarted without a checkpoint and the chief did not "
-                        f"initialise it again within ps.reconnect_timeout_s={self.reconnect_timeout_s:g} s.")
-                wait = min(remaining, 5.0)
-                reply = self.client.request(ps, WaitInitRequest(self.worker_id, wait, self._shard_specs(ps),
-                                                                 self.policy_spec, self.num_workers),
-                                            timeout=wait + 5.0)
-                if reply.initialized:
-                    break
-
     def initialize(self, local_values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """Makes the PS and this worker agree on initial values.
 
@@ -393,7 +276,11 @@ class WorkerSession:
             parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
             requests = {ps: self._init_request(ps, parts[ps]) for ps in range(self.plan.num_ps)}
             replies = self._request_many(requests)
-            fresh = all(reply.initialized_here for reply in replies.values())
+            held = sorted(ps for ps, reply in replies.items() if not reply.initialized_here)
+            if held and len(held) < self.plan.num_ps:
+                replies = {**replies, **self._reinitialize_held(held, parts, replies)}
+                held = []
+            fresh = not held
             if fresh:
                 self._snapshot = {k: np.array(v, copy=True) for k, v in local_values.items()}
                 self.state.versions = [replies[i].version for i in range(self.plan.num_ps)]
@@ -426,6 +313,27 @@ class WorkerSession:
         values = self.pull()
         self._start_heartbeat()
         return values
+
+    def _reinitialize_held(self, held: list[int], parts, replies) -> dict:
+        """The chief found some tasks holding values and others empty: it sets the held ones to its values.
+
+        Taking the held values would start training from a model that is
+        part one state, part another (the empty tasks just took this
+        worker's values): a PS task restarted without ``ps.checkpoint_dir``,
+        or a job started again on tasks of different states. Every task then
+        holds this worker's values (the held ones under a new incarnation,
+        so any other worker that read them re-syncs).
+        """
+        empty = sorted(set(range(self.plan.num_ps)) - set(held))
+        steps = {ps: replies[ps].global_step for ps in held}
+        logger.warning(
+            "worker %d: ps:%s held values (at steps %s) while ps:%s started empty (a PS task restarted without "
+            "ps.checkpoint_dir, or the job started again on tasks of different states). Taking the held values "
+            "would mix two states of the model: every task is set to this worker's values instead, and training "
+            "starts from them. Give ps.checkpoint_dir to resume a job whose PS tasks restart.",
+            self.worker_id, held, [steps[ps] for ps in held], empty)
+        self.state.forget_incarnations()
+        return self._request_many({ps: self._init_request(ps, parts[ps], reset=True) for ps in held})
 
     def pull(self, clock: int | None = None, min_state_step: int | None = None, as_reader: bool = False
              ) -> dict[str, np.ndarray]:
@@ -640,447 +548,3 @@ def _row_sparse(deltas: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray]
                 continue
         out[key] = delta
     return out, rows
-
-
-class UpdateSession(WorkerSession):
-    """The update path with SSP clocks: ASP, SSP(s) and DTSSP.
-
-    ``clock`` counts completed steps, which is also the (0-based) index of
-    the step about to start. Before step ``clock`` starts, :meth:`begin`
-    refreshes the cache only if the SSP read guarantee needs it
-    (the PS then makes the read wait while this worker is more than ``s``
-    clocks ahead of the slowest live worker); :meth:`end` pushes the step's
-    update. ASP (``refresh_every_step``) pulls with every push instead.
-
-    ASP may also overlap the exchange with the next step
-    (:meth:`end_overlapped`): the step's update goes out in the background
-    and the next step starts on the local values; when the reply arrives the
-    local variables become ``fresh + (local_now - local_at_send)``, so every
-    local update is pushed exactly once and none is lost.
-    """
-
-    def __init__(self, *args, staleness: float = float("inf"), refresh_every_step: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.state.staleness = staleness
-        self.refresh_every_step = refresh_every_step
-        self.push_pull = math.isinf(staleness)
-        self._exchange: Future | None = None
-        self._exchange_thread: ThreadPoolExecutor | None = None
-        self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0, "overlap_wait_seconds": 0.0})
-        #: ``(clock started, min clock the cache is guaranteed to include)`` per step, for audits:
-        #: the last :data:`AUDIT_STEPS` steps (bounded, so a long job does not grow it forever).
-        self.starts: collections.deque[tuple[int, int]] = collections.deque(maxlen=AUDIT_STEPS)
-
-    def _note(self, replies) -> None:
-        super()._note(replies)
-        ordered = [replies[i] for i in range(self.plan.num_ps)]
-        mins = [r.min_clock for r in ordered if r.min_clock is not None]
-        if mins:
-            self.state.min_clock = min(mins)
-        clocks = [r.clock for r in ordered if getattr(r, "clock", None) is not None]
-        if clocks and max(clocks) > self.state.clock:  # joined a running job: adopt the clock the PS gave us
-            logger.info("worker %d starts at clock %d (adopted on join)", self.worker_id, max(clocks))
-            self.state.clock = max(clocks)
-            self.state.cache_min_clock = max(self.state.cache_min_clock, self.state.min_clock)
-        clocked = [r for r in ordered if r.global_step is not None]  # replies that carry the clock information
-        if clocked and len(clocked) == len(ordered):  # DTSSP moves the bound; every PS task runs the same rule
-            bounds = [r.staleness for r in clocked]
-            self.state.staleness = float("inf") if None in bounds else min(bounds)
-
-    def needs_refresh(self) -> bool:
-        """Whether starting step ``clock`` requires a fresher cache."""
-        return not cache_is_fresh_enough(self.state.clock, self.state.cache_min_clock, self.state.staleness)
-
-    def begin(self) -> dict[str, np.ndarray] | None:
-        """Makes the cache fit to start step ``clock``; returns new values or None."""
-        if self.refresh_every_step or not self.needs_refresh():
-            self.starts.append((self.state.clock, self.state.cache_min_clock))
-            return None
-        start = time.perf_counter()
-        values = self.pull(clock=self.state.clock)
-        waited = time.perf_counter() - start
-        self.state.cache_min_clock = self.state.min_clock
-        self.starts.append((self.state.clock, self.state.cache_min_clock))
-        self.stats["refreshes"] += 1
-        if waited > 0.05:
-            self.stats["waits"] += 1
-        self.stats["wait_seconds"] += waited
-        return values
-
-    def end(self, current: Mapping[str, np.ndarray], loss: float | None = None, steps: int = 1
-            ) -> dict[str, np.ndarray] | None:
-        """Pushes the step's update (``steps`` local steps summed); returns fresh values when it also pulled."""
-        self.flush()  # an overlapped exchange in flight: its fresh values come back with this pull
-        values = self._push(current, loss, pull=self.refresh_every_step, steps=steps)
-        if values is not None:
-            self.state.cache_min_clock = self.state.min_clock
-            self.stats["refreshes"] += 1
-        return values
-
-    # ------------------------------------------------ overlapped exchange (ASP)
-    def end_overlapped(self, current: Mapping[str, np.ndarray], loss: float | None = None, steps: int = 1
-                       ) -> dict[str, np.ndarray] | None:
-        """ASP without waiting: sends this step's update in the background.
-
-        Waits only for the *previous* step's exchange, if it is still in
-        flight, then starts this step's (push the update, pull fresh values)
-        and returns at once.
-
-        The update pushed is ``current - base``: ``base`` is what the PS holds
-        after this worker's previous update if nothing else landed, i.e. the
-        local values as they were at the previous send, plus the correction
-        returned now. Every local change is therefore pushed exactly once.
-
-        Returns:
-            Corrections to *add* to the local variables now (variable key →
-            array): ``fresh - base`` for every variable on which another
-            worker's update arrived. ``None`` when there is none.
-        """
-        if not self.refresh_every_step:
-            raise PSRejectedError("end_overlapped() is for ASP (refresh_every_step); SSP/DTSSP use end().")
-        if not self._snapshot:
-            raise PSRejectedError("push before initialize(): the worker has no snapshot to diff against.")
-        start = time.perf_counter()
-        corrections = self._finish_exchange()
-        base = self._base if self._base is not None else self._snapshot
-        deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
-        self.state.clock += 1
-        args = (deltas, loss, self.state.clock, self._snapshot, list(self.state.versions), steps)
-        try:
-            if self._exchange_thread is None:
-                self._exchange_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-exchange")
-            self._exchange = self._exchange_thread.submit(self._exchange_in_background, *args)
-        except RuntimeError:  # the interpreter is ending (no new futures): exchange in this thread
-            self._exchange = Future()
-            try:
-                self._exchange.set_result(self._exchange_in_background(*args))
-            except BaseException as e:  # read by _finish_exchange, as a failed background exchange would be
-                self._exchange.set_exception(e)
-        self.stats["syncs"] += 1
-        self.stats["sync_seconds"] += time.perf_counter() - start
-        return corrections
-
-    def flush(self) -> dict[str, np.ndarray] | None:
-        """Waits for an overlapped exchange still in flight; returns its corrections (or None)."""
-        return self._finish_exchange()
-
-    def _finish_exchange(self) -> dict[str, np.ndarray] | None:
-        if self._exchange is None:
-            return None
-        exchange, self._exchange = self._exchange, None
-        start = time.perf_counter()
-        try:
-            result = exchange.result()
-        finally:
-            self.stats["overlap_wait_seconds"] += time.perf_counter() - start
-        self._snapshot, self._base, self.state.versions = result.snapshot, result.base, result.version
-        self._note(result.replies)
-        self.state.cache_min_clock = self.state.min_clock
-        self.stats["refreshes"] += 1
-        return result.corrections
-
-    def _exchange_in_background(self, deltas, loss, clock, snapshot, version, steps: int = 1) -> "_Exchange":
-        """One PushPull per PS task; computes the new snapshot and the corrections (no session state touched)."""
-        # What every PS task holds after this update if no other update landed:
-        # the same float additions the PS makes.
-        expected = {k: np.add(snapshot[k], d) for k, d in deltas.items()}
-        parts = self._split(deltas)
-        replies = self._request_many(self._push_requests(parts, clock, loss, True, steps, version))
-        shards, expected_parts, changed = {}, None, set()
-        for ps, reply in replies.items():
-            tensors = reply.values
-            if reply.unchanged:
-                if expected_parts is None:
-                    expected_parts = self._split(expected)
-                shards[ps] = expected_parts[ps]
-                self.stats["unchanged_replies"] += 1
-            else:
-                shards[ps] = tensors
-                changed.add(ps)
-                self.stats["bytes_pulled"] += sum(v.nbytes for v in tensors.values())
-        fresh = self._join(shards) if changed else expected
-        corrections, new_snapshot = {}, {}
-        for key in deltas:
-            if changed and any(sh.ps in changed for sh in self.plan.shards_of(key)):
-                new_snapshot[key] = fresh[key]
-                corrections[key] = np.subtract(fresh[key], expected[key])
-            else:
-                new_snapshot[key] = expected[key]
-        return _Exchange(
-            snapshot=new_snapshot, base=expected, corrections=corrections or None,
-            version=[replies[i].version for i in range(self.plan.num_ps)], replies=replies,
-        )
-
-    def pull(self, clock: int | None = None, min_state_step: int | None = None, as_reader: bool = False
-             ) -> dict[str, np.ndarray]:
-        self.flush()  # the update in flight first; the pulled values replace the local ones anyway
-        return super().pull(clock=clock, min_state_step=min_state_step, as_reader=as_reader)
-
-    def recover(self, cause: Exception, local_values: Mapping[str, np.ndarray] | None = None,
-                as_reader: bool = False) -> dict[str, np.ndarray]:
-        self._exchange = None  # an overlapped exchange in flight is lost with the task
-        values = super().recover(cause, local_values, as_reader)
-        self.state.cache_min_clock = self.state.min_clock
-        return values
-
-    def close(self, done: bool = True) -> None:
-        try:
-            self.flush()  # the last update must land before this worker says it is done
-        except Exception as e:
-            logger.warning("worker %d: the last update in flight failed: %s", self.worker_id, e)
-        finally:
-            if self._exchange_thread is not None:
-                self._exchange_thread.shutdown(wait=False)
-        super().close(done=done)
-
-
-@dataclasses.dataclass
-class _Exchange:
-    """Outcome of one overlapped exchange, applied by the training thread."""
-
-    snapshot: dict[str, np.ndarray]
-    base: dict[str, np.ndarray]
-    corrections: dict[str, np.ndarray] | None
-    version: list[int]
-    replies: dict
-
-
-class GradientSession(WorkerSession):
-    """The gradient path: BSP and SyncReplicas (first M of N).
-
-    ``global_step`` is the step whose gradient this worker computes next.
-    :meth:`exchange` pushes the gradient to every PS task in parallel and
-    returns the step's aggregate (the same bytes every worker gets); a
-    dropped gradient still returns the aggregate when the PS kept it.
-    :meth:`begin` reloads the full state snapshot (weights, optimizer slots,
-    counters) when this worker has fallen behind; :meth:`end` uploads the
-    snapshot when this worker completed a step on some PS task.
-    """
-
-    def __init__(self, *args, checkpoint_every_s: float | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._write_state_on: list[int] = []
-        #: It joined a job already past its first step (its epochs are counted from there: ``job_epoch_logs``).
-        self._joined_running_job = False
-        self._resync_at_end = False
-        #: The chief schedules a checkpoint of one state step on every task this often (a consistent cut).
-        self.checkpoint_every_s = checkpoint_every_s if self.is_chief else None
-        self._last_checkpoint_request = time.monotonic()
-        self.stats.update({"steps": 0, "dropped": 0, "resyncs": 0, "waits": 0, "wait_seconds": 0.0,
-                           "state_writes": 0})
-
-    def initialize(self, local_values):
-        values = super().initialize(local_values)
-        if values is not None:  # joined a running job (or resumed from checkpoints): continue from its state
-            if self.is_chief:
-                values = self._align_restored_tasks(values)
-            self.state.job_step = self.state.step
-            self._joined_running_job = self.state.step > 0
-        return values
-
-    def _lookup_clock(self) -> int | None:
-        return None  # the barrier orders reads: the previous step's rows are applied before any read of this one
-
-    def _row_step(self) -> int | None:
-        return self.state.step  # counted towards this step, applied when it completes
-
-    def _align_restored_tasks(self, values):
-        """The chief, when the tasks held values already (restored from checkpoints): one state step on all.
-
-        A task restores its newest checkpoint; if the tasks' newest steps
-        differ (one died before it wrote the last cut), every task is rolled
-        back to the newest step all of them hold.
-        """
-        statuses = self.statuses()
-        steps = {st.state_step for st in statuses}
-        if len(steps) == 1:
-            return values
-        if all(st.restored_from is None for st in statuses):
-            # No task came back from a checkpoint (the chief alone restarted): a step was in flight, some tasks
-            # have closed it and some not yet. Nothing to roll back: load the newest state once all reach it.
-            logger.info("worker %d: the parameter servers are at steps %s (a step in flight); loading step %d",
-                        self.worker_id, sorted(steps), max(steps))
-            return self.pull(min_state_step=max(steps))
-        target = min(steps)
-        logger.warning("worker %d: the parameter servers restored different steps %s; rolling every task back to "
-                       "step %d", self.worker_id, sorted(steps), target)
-        self.client.request_many({ps: RestoreRequest(self.worker_id, target) for ps in range(self.plan.num_ps)
-                                  if statuses[ps].state_step != target})
-        self.state.forget_incarnations()
-        return self.pull(min_state_step=target)
-
-    def _recover_from(self, statuses, restarted, local_values, deadline, as_reader) -> dict[str, np.ndarray]:
-        """Gradient path: one consistent state on every task, then every worker loads it.
-
-        The chief resets every task to its own state (weights and optimizer
-        state at its global step: under BSP every worker's, under
-        SyncReplicas at most the steps it was behind), so a task that came
-        back from an older checkpoint, or empty, is never mixed with the
-        others. The other workers wait (within ``reconnect_timeout_s``) until
-        the chief has done so, then load that state.
-        """
-        n = self.plan.num_ps
-        if not restarted:  # the tasks are the ones this worker knew: catch up with the newest state
-            step = max(st.state_step for st in statuses.values())
-        elif self.is_chief and local_values is not None:
-            # Table rows live only on the PS: roll every task back to the checkpoint the restarted ones restored
-            # (a consistent cut). Without tables, or without such a cut, reset to this worker's state.
-            step = self._roll_back_to_restored_step(statuses, restarted) if self.tables else None
-            if step is None:
-                step = self.state.step
-                parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
-                self.client.request_many({ps: self._init_request(ps, parts[ps], step=step, reset=True)
-                                          for ps in range(n)})
-                logger.warning("worker %d: reset every parameter server to this worker's state at step %d (ps:%s "
-                               "restarted)", self.worker_id, step, restarted)
-                if self.tables:
-                    logger.warning("worker %d: the table rows of ps:%s are those of its checkpoint (or initial ones "
-                                   "without a checkpoint); the other tasks' rows are newer", self.worker_id, restarted)
-        else:
-            step = self._wait_for_reset(set(range(n)), deadline)
-        self.state.forget_incarnations()
-        values = self.pull(min_state_step=step, as_reader=as_reader)
-        self.state.job_step = self.state.step
-        self._resync_at_end, self._write_state_on = False, []
-        return values
-
-    def _roll_back_to_restored_step(self, statuses, restarted) -> int | None:
-        """The chief: every task back to the checkpoint step the restarted tasks restored; None if impossible."""
-        restored = [statuses[ps].restored_from for ps in restarted]
-        if any(step is None for step in restored):
-            return None
-        target = min(restored)
-        others = [ps for ps in range(self.plan.num_ps) if statuses[ps].restored_from != target
-                  or ps not in restarted]
-        try:
-            self.client.request_many({ps: RestoreRequest(self.worker_id, target) for ps in others})
-        except PSRejectedError as e:
-            logger.warning("worker %d: cannot roll every parameter server back to step %d (%s)", self.worker_id,
-                           target, e)
-            return None
-        logger.warning("worker %d: rolled every parameter server back to its checkpoint of step %d (ps:%s "
-                       "restarted); the job goes on from there", self.worker_id, target, restarted)
-        return target
-
-    def _wait_for_reset(self, tasks: set[int], deadline: float) -> int:
-        """A worker other than the chief: waits until every task left the incarnation it knew, at one step."""
-        old = list(self.state.incarnations)
-        while True:
-            statuses = self.statuses()
-            moved = all(st.incarnation != old[ps] and st.initialized for ps, st in enumerate(statuses))
-            steps = {st.state_step for st in statuses}
-            if moved and len(steps) == 1:
-                return steps.pop()
-            if time.monotonic() > deadline:
-                raise PSUnavailableError(
-                    f"Worker {self.worker_id}: a parameter server restarted and the chief did not reset the tasks "
-                    f"to one state within ps.reconnect_timeout_s={self.reconnect_timeout_s:g} s (steps {sorted(steps)}).")
-            time.sleep(0.1)
-
-    def _schedule_checkpoint(self) -> None:
-        """The chief, every ``checkpoint_every_s``: every task checkpoints the state of the next global step."""
-        if self.checkpoint_every_s is None or time.monotonic() - self._last_checkpoint_request < self.checkpoint_every_s:
-            return
-        at = max(self.state.step, self.state.job_step) + 1
-        replies = self.client.request_many({ps: CheckpointRequest(self.worker_id, at) for ps in range(self.plan.num_ps)})
-        if all(reply.scheduled for reply in replies.values()):
-            self._last_checkpoint_request = time.monotonic()
-        else:  # a task is past that step already (the others raced ahead): try again at the next step
-            logger.info("worker %d: checkpoint of step %d not scheduled on every task; trying the next step",
-                        self.worker_id, at)
-
-    def _note(self, replies) -> None:
-        ordered = [replies[i] for i in range(self.plan.num_ps)]
-        steps = [r.state_step for r in ordered if isinstance(r, PullReply)]
-        if steps:  # a state pull: continue from the snapshot's step
-            self.state.step = min(steps)
-        self._note_membership(ordered)
-        self.state.job_step = max([self.state.job_step] + [r.global_step or 0 for r in ordered])
-
-    def job_epoch_logs(self, epoch: int, logs: Mapping[str, float]) -> tuple[int, dict[str, float]]:
-        """This worker's logs of its ``epoch``-th epoch end; returns ``(the epoch they counted for, the job's logs)``
-        (their mean, from PS task 0)."""
-        reply = self.client.request(0, EpochLogsRequest(self.worker_id, epoch, dict(logs), self._joined_running_job))
-        return reply.epoch, dict(reply.logs)
-
-    def catch_up(self, as_reader: bool = False) -> dict[str, np.ndarray] | None:
-        """The job's latest state snapshot, if it is newer than this worker's state (else ``None``).
-
-        Asks every PS task which state it holds, so a worker that fell behind
-        without knowing it (a dropped backup after ``fit``) catches up too;
-        waits (bounded) until every task holds the newest one.
-        """
-        latest = max(st.state_step for st in self.statuses())
-        if latest <= self.state.step:
-            return None
-        values = self.pull(min_state_step=latest, as_reader=as_reader)
-        self.stats["resyncs"] += 1
-        return values
-
-    def begin(self) -> dict[str, np.ndarray] | None:
-        """Reloads the state snapshot if other workers have moved on."""
-        if self.state.job_step <= self.state.step:
-            return None
-        values = self.pull(min_state_step=self.state.job_step)
-        self.stats["resyncs"] += 1
-        return values
-
-    def exchange(self, grads: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Pushes gradients for ``global_step``; returns that step's aggregate."""
-        start = time.perf_counter()
-        parts = self._split({k: np.asarray(v) for k, v in grads.items()})
-        step = self.state.step
-        replies = self._request_many(
-            {ps: PushGradientsRequest(self.worker_id, step, parts[ps], self.state.incarnations[ps])
-             for ps in range(self.plan.num_ps)})
-        self._note_membership(list(replies.values()))
-        self.stats["bytes_pushed"] += sum(g.nbytes for g in grads.values())
-        dropped = any(r.dropped for r in replies.values())
-        resync = any(r.resync for r in replies.values())
-        self.stats["dropped"] += int(dropped)
-        self.stats["waits"] += int(any(r.waited for r in replies.values()))  # this worker waited for others
-        self.state.job_step = max([self.state.job_step] + [r.global_step for r in replies.values()])
-        found = {k: v for r in replies.values() for k, v in r.values.items()}
-        aggregate = {}
-        for key, grad in grads.items():
-            shards = self.plan.shards_of(key)
-            if resync or any(s.key not in found for s in shards):
-                aggregate[key] = np.zeros_like(grad)  # end() reloads the state right after it is applied
-            elif len(shards) == 1 and shards[0].rows is None:
-                aggregate[key] = found[shards[0].key]
-            else:
-                aggregate[key] = np.concatenate([found[s.key] for s in shards], axis=0)
-        if resync:
-            self.state.job_step = max(self.state.job_step, step + 1)
-            self._resync_at_end = True
-        self._write_state_on = [ps for ps, r in replies.items() if r.write_state]
-        self.state.step = step + 1
-        self.stats["steps"] += 1
-        self.stats["wait_seconds"] += time.perf_counter() - start
-        self.stats["bytes_pulled"] += sum(a.nbytes for a in aggregate.values())
-        return aggregate
-
-    def end(self, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        """Finishes a step: uploads this worker's state where it completed the step.
-
-        Returns:
-            The state snapshot to load instead, when this step's aggregate was
-            no longer available (the worker was too far behind): the step's
-            update is then replaced by the job's current state.
-        """
-        self._schedule_checkpoint()
-        if self._resync_at_end:
-            self._resync_at_end = False
-            self._write_state_on = []
-            values = self.pull(min_state_step=self.state.job_step)
-            self.stats["resyncs"] += 1
-            return values
-        if not self._write_state_on:
-            return None
-        parts = self._split({k: np.asarray(v) for k, v in state.items()})
-        self._request_many(
-            {ps: PutStateRequest(self.worker_id, self.state.step, parts[ps], self.state.incarnations[ps])
-             for ps in self._write_state_on})
-        self.stats["state_writes"] += 1
-        self._write_state_on = []
-        return None

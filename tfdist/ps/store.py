@@ -22,8 +22,9 @@ The store is components, each the one owner of its facts (docs/architecture.md):
 * the consistency policy (clocks, the barrier's size), chosen by the chief;
 * :class:`~tfdist.ps._epoch_logs.EpochLogBarrier` — the job's epoch logs (gradient path).
 
-The gradient path's requests and the tables' requests are slices of this
-class in their own modules (``_gradient_requests``, ``_table_requests``).
+Each exchange path's requests and the tables' requests are slices of this
+class in their own modules (``_update_requests``, ``_gradient_requests``,
+``_table_requests``).
 Each component lists its fields once (:mod:`tfdist.ps._schema`); ``state()``,
 checkpoint capture and ``status()`` are derived from those lists, and
 :meth:`ParameterStore.restore` parses and validates a whole checkpoint
@@ -43,7 +44,7 @@ import numpy as np
 from tfdist import constants
 from tfdist.consistency import MODES, policy_from_spec
 from tfdist.errors import ConfigError
-from tfdist.consistency.base import ConsistencyPolicy, PolicyContext, PushAction
+from tfdist.consistency.base import ConsistencyPolicy, PolicyContext
 from tfdist.ps import _shard_state
 from tfdist.ps._barrier import AGGREGATE_HISTORY, GradientBarrier
 from tfdist.ps._epoch_logs import EpochLogBarrier
@@ -51,23 +52,22 @@ from tfdist.ps._rendezvous import Rendezvous
 from tfdist.ps._gradient_requests import GradientPathRequests
 from tfdist.ps._membership import Membership
 from tfdist.ps._table_requests import TableRequests
+from tfdist.ps._update_requests import UpdatePathRequests
 from tfdist.ps._table_shards import TableShards
 from tfdist.ps._variables import DenseVariables, all_finite
 from tfdist.ps._waits import WAIT_TIMEOUT_CODE, BoundedWaits, Cancelled, StoreError, Wait, never
 from tfdist.ps.replies import (
     ControlReply,
+    ExtendReply,
     InitReply,
     PullReply,
-    PushPullReply,
-    PushReply,
     WaitInitReply,
 )
 from tfdist.ps.protocol import (
     ControlRequest,
+    ExtendRequest,
     InitRequest,
     PullRequest,
-    PushPullRequest,
-    PushRequest,
     WaitInitRequest,
 )
 
@@ -76,7 +76,7 @@ __all__ = ["ParameterStore", "StoreError", "all_finite", "AGGREGATE_HISTORY", "W
 logger = logging.getLogger(__name__)
 
 
-class ParameterStore(GradientPathRequests, TableRequests):
+class ParameterStore(UpdatePathRequests, GradientPathRequests, TableRequests):
     """Variables owned by one PS task, guarded by one condition variable.
 
     Args:
@@ -212,7 +212,7 @@ class ParameterStore(GradientPathRequests, TableRequests):
             # -- every check passed: apply
             self.table_shards.install(tables)
             self.policy = policy
-            self.variables.initialize(req.specs, req.values, req.worker, req.nonfinite)
+            self.variables.initialize(req.specs, req.values, req.worker, req.nonfinite, req.joined)
             self.barrier.restart(req.step)
             self.members.start(req.num_workers, req.worker)
             self._touch(req.worker)
@@ -222,6 +222,26 @@ class ParameterStore(GradientPathRequests, TableRequests):
         logger.info("initialised by worker %d: %d variables, %d bytes, policy %s, non-finite values: %s",
                     req.worker, len(req.specs), total, self.policy.spec(), self.nonfinite)
         return self._init_reply(True)
+
+    def extend(self, req: ExtendRequest) -> ExtendReply:
+        """Variables created after the job's first step join it; returns the job's values of every key sent.
+
+        A key the task does not hold yet is added with the sender's value
+        (the first sender's value is the job's); one it holds with the same
+        spec is left as it is; one with another spec refuses the whole request.
+        """
+        self.variables.check_finite(req.values, req.worker, "initial value")
+        with self._cond:
+            self._check_worker_request(req.worker, req.incarnation)
+            new = self.variables.check_join(req.specs, req.worker)
+            if new:
+                self.variables.join(new, req.values)  # copies first: a value too large to copy changes nothing
+                self._touch(req.worker)
+                self._cond.notify_all()
+                logger.info("worker %d: %d variable(s) joined the job after its first step (%s)", req.worker,
+                            len(new), ", ".join(s.key for s in new[:3]) + (", ..." if len(new) > 3 else ""))
+            values = {s.key: self.variables.values[s.key].copy() for s in req.specs}
+            return ExtendReply(self.version, self.incarnation, tuple(s.key for s in new), values)
 
     def _init_reply(self, here: bool) -> InitReply:
         return InitReply(here, self.version, self.global_step, self.incarnation, self.state_step)
@@ -322,72 +342,6 @@ class ParameterStore(GradientPathRequests, TableRequests):
         if path is not None:
             self._require_path(path)
 
-    def _check_push(self, req: PushRequest) -> None:
-        self._check_worker_request(req.worker, req.incarnation, "update")
-        self.variables.check_tensors({k: v for k, v in req.deltas.items() if k not in req.rows})
-        self.variables.check_rows(req.deltas, req.rows)
-
-    # ----------------------------------------------------------- update path
-    def push(self, req: PushRequest, timeout: float | None = None, cancelled: Cancelled = never) -> PushReply:
-        """Adds the deltas to the stored values, as the policy decides.
-
-        ``req.clock`` is the number of steps the worker has completed with
-        this push; ``req.steps`` how many local steps (batches) the deltas sum
-        (``strategy.exchange_every``); the job's batch counters advance by it.
-        """
-        self.variables.check_finite(req.deltas, req.worker, "update")
-        with self._cond:
-            self._check_push(req)
-            return self._apply_push(req, timeout, cancelled)
-
-    def push_pull(self, req: PushPullRequest, consumer: Callable[[PushPullReply], Any],
-                  timeout: float | None = None, cancelled: Cancelled = never) -> Any:
-        """A push and a read in one call, for policies whose reads never wait (ASP).
-
-        Calls ``consumer(reply)`` under the lock after the push (the reply's
-        values are the live arrays); ``reply.unchanged`` is True when the
-        push landed right on ``req.base_version`` and nothing landed after it
-        (the caller then knows the values: its snapshot plus its delta).
-        """
-        push = req.push
-        self.variables.check_finite(push.deltas, push.worker, "update")
-        with self._cond:
-            self._check_push(push)
-            keys = self._read_keys(req.keys)
-            if self.policy.read_may_wait():
-                raise StoreError(
-                    f"PushPull is for jobs whose reads never wait; this job runs {self.policy.spec()}. "
-                    "Send Push, then Pull.", grpc_code="FAILED_PRECONDITION",
-                )
-            result = self._apply_push(push, timeout, cancelled)
-            unchanged = (req.base_version is not None and result.applied
-                         and result.previous_version == req.base_version)
-            return self._read_locked(push.worker, keys, lambda read: consumer(PushPullReply(read, result, unchanged)))
-
-    def _apply_push(self, req: PushRequest, timeout: float | None, cancelled: Cancelled) -> PushReply:
-        """Applies a checked push (lock held); waits only before changing anything."""
-        worker = req.worker
-        self.waits.admit(timeout, cancelled)
-        decision = self.waits.wait_for(lambda: self.policy.on_push(worker, req.clock, self._ctx()), timeout, "push",
-                                       cancelled)
-        if decision.action is PushAction.DROP:
-            self._touch(worker)
-            self.members.count_batch(worker, req.steps)
-            self.stats["dropped"] += 1
-            return PushReply(False, True, self.version, reason=decision.reason, **self._reply_fields(worker))
-        nbytes = self.variables.add(req.deltas, req.rows, worker)  # refuses an overflowing sum, changing nothing
-        self._touch(worker)
-        self.members.count_batch(worker, req.steps)
-        self.stats["bytes_in"] += nbytes
-        previous = self.version - 1  # add() bumped it
-        self.stats["pushes"] += 1
-        self.members.add_progress(req.steps)
-        self.policy.on_applied(worker, req.clock, self._ctx(), req.loss)
-        self._maybe_capture(self.progress - req.steps)
-        self._cond.notify_all()
-        return PushReply(True, False, self.version, previous_version=previous, **self._clock_info(),
-                         **self._reply_fields(worker))
-
     def _read_keys(self, keys: Iterable[str] | None) -> list[str]:
         if keys is None:
             return list(self.variables.values)
@@ -409,7 +363,7 @@ class ParameterStore(GradientPathRequests, TableRequests):
             if worker >= 0:
                 self.members.check_member(worker)
             keys = self._read_keys(req.keys)
-            if self.policy.path == "update":
+            if self.policy.exchange.reads_carry_clock:
                 self._read_wait(worker, req.clock, timeout, cancelled)
             elif req.min_state_step is not None:
                 step = req.min_state_step
@@ -426,24 +380,6 @@ class ParameterStore(GradientPathRequests, TableRequests):
         clock = self.policy.clock_of(worker) if worker >= 0 else None
         return consumer(PullReply(self.version, self.state_step, clock=clock, values=values, **self._clock_info(),
                                   **self._reply_fields(worker)))
-
-    def _read_wait(self, worker: int, clock: int, timeout: float | None, cancelled: Cancelled) -> None:
-        """Update path: tells the policy the reader's clock (``on_read``), then waits as it says (lock held).
-
-        A read that is refused (its wait ran out, the caller went away) puts
-        back the reader's own clock only: what other workers did meanwhile stays.
-        """
-        undo = self.policy.on_read(worker, clock) if worker >= 0 else None
-        try:
-            self.waits.wait_for(lambda: self._pull_decision(worker, clock), timeout, "pull", cancelled)
-        except StoreError:
-            if undo is not None:
-                undo()
-            raise
-
-    def _pull_decision(self, worker: int, clock: int):
-        decision = self.policy.on_pull(worker, clock, self._ctx())
-        return Wait(decision.wait, decision.reason)
 
     # ------------------------------------------------------------ membership
     def close(self) -> None:
@@ -544,7 +480,7 @@ class ParameterStore(GradientPathRequests, TableRequests):
             return self._checkpoint_step()
 
     def _checkpoint_step(self) -> int:
-        return self.state_step if self.policy is not None and self.policy.path == "gradient" else self.progress
+        return self.state_step if self.policy is not None and self.policy.exchange.steps_are_global else self.progress
 
     def _maybe_capture(self, previous_step: int) -> None:
         """Captures a checkpoint snapshot when the step crossed a multiple of ``checkpoint_every_steps`` (lock held).

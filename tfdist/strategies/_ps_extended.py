@@ -3,7 +3,7 @@
 Built as TF's ``ParameterServerStrategyV2`` / ``…Extended`` pair: the public
 strategy (``parameter_server.py``) is a thin shell, this object sees what
 Keras does (DESIGN.md §1) and hands every decision to the runtime of the
-job's exchange path (``_ps_runtime.py``):
+job's exchange path (``_ps_runtime.py``, ``_update_path.py``, ``_gradient_path.py``):
 
 * ``_create_variable``: every variable; the runtime keeps the ones it wants
   on the parameter servers (round-robin placement happens at the first step)
@@ -32,7 +32,7 @@ import tensorflow as tf
 from tfdist._tf_compat import in_xla_compilation, is_loss_scale_check, keras_variable_owner, refuse_legacy_keras
 from tfdist.errors import ConfigError
 from tfdist.strategies._input_context import with_input_context, worker_input_context
-from tfdist.strategies._ps_runtime import STAT_NAMES, GradientPathRuntime, PSRuntime
+from tfdist.strategies._ps_runtime import STAT_NAMES, PSRuntime
 from tfdist.strategies._steps import StepExtended
 from tfdist.strategies._stuck import note_progress
 
@@ -97,7 +97,7 @@ class ParameterServerExtended(StepExtended):
 
     def _inside_step(self, fn, args, kwargs):
         runtime = self._runtime
-        synchronous = isinstance(runtime, GradientPathRuntime) and runtime.config.starting_workers > 1
+        synchronous = runtime.policy.exchange.steps_are_global and runtime.config.starting_workers > 1
         if synchronous and is_loss_scale_check(fn):
             raise ConfigError(
                 f"{type(self._container_strategy()).__name__} cannot train with dynamic loss scaling "

@@ -71,7 +71,7 @@ def default_variable_filter(name: str, kwargs: Mapping[str, Any], owner: Any = N
     optimizer counters and learning rates (``ONLY_FIRST_REPLICA``), metric
     accumulators (``SUM``), random-seed state and integer variables are not
     model variables (on the gradient path the optimizer's variables also go to
-    the PS, as part of the state snapshot: ``_ps_runtime._is_optimizer_variable``).
+    the PS, as part of the state snapshot: ``_variable_registry.is_optimizer_variable``).
     ``owner``: the object creating the variable, when known.
     """
     if kwargs.get("colocate_with") is not None or "seed_generator" in name:

@@ -24,10 +24,10 @@ logger = logging.getLogger(__name__)
 
 def current_ps_runtime():
     """The PS runtime of the tfdist strategy in scope, or ``None``."""
-    from tfdist.strategies.parameter_server import ParameterServerStrategy
+    from tfdist.strategies._ps_runtime import PSRuntime
 
-    strategy = tf.distribute.get_strategy()
-    return strategy._runtime if isinstance(strategy, ParameterServerStrategy) else None  # noqa: SLF001
+    runtime = getattr(tf.distribute.get_strategy().extended, "_runtime", None)
+    return runtime if isinstance(runtime, PSRuntime) else None
 
 
 def initializer_spec(initializer: Any) -> dict[str, Any] | None:

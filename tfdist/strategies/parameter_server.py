@@ -41,11 +41,13 @@ from tfdist.errors import ConfigError
 from tfdist.ps.placement import PlacementPlan
 from tfdist.straggler.events import StragglerListener
 from tfdist.straggler.membership import StragglerEngine
-from tfdist.callbacks._worker_files import install as install_worker_files
-from tfdist.strategies._contract import barrier_code, cluster_resolver, reduce_over_axis
+from tfdist.strategies._worker_files import install as install_worker_files
+from tfdist.strategies._contract import cluster_resolver, reduce_over_axis
+from tfdist.strategies._job_meeting import JobMeeting
 from tfdist.strategies._job_logs import install_job_epoch_logs
 from tfdist.strategies._ps_extended import ParameterServerExtended, install_plain_batch_results
-from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter, make_runtime
+from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter
+from tfdist.strategies._runtimes import make_runtime
 from tfdist.strategies._stuck import start_stuck_task_watchdog, stop_stuck_task_watchdog
 from tfdist.strategies._tables import install_resident_embeddings
 
@@ -172,17 +174,14 @@ class ParameterServerStrategy(StrategyBase):
             install_resident_embeddings()
         install_plain_batch_results()  # train_on_batch's list without the ps_* statistics, as plain Keras
         install_job_epoch_logs()  # BSP/SyncReplicas: callbacks see the job's epoch logs
-        install_worker_files()  # the stock callbacks' files: the chief's are the job's (tfdist.callbacks._worker_files)
+        install_worker_files()  # the stock callbacks' files: the chief's are the job's (tfdist.strategies._worker_files)
         super().__init__(ParameterServerExtended(self, self._runtime))
-        self._rendezvous_seq = 0
-        self._rendezvous_client = None
-        jobs = config.cluster.jobs()
-        # The gradient path's workers are the replicas of one sync group (ids = worker ids); on the update path
-        # each worker is the one replica of its own (num_replicas_in_sync = 1), as in TF1's async training.
-        replica_id = self._runtime.worker_id if self._runtime.num_replicas > 1 and self._runtime.worker_id > 0 else 0
-        training = self._runtime.worker_id >= 0  # an evaluator reads everything: one pipeline
-        self.extended.set_job(replica_id, self._runtime.is_chief, cluster_resolver(jobs, task.job, task.index),
-                              (config.cluster.num_workers, self._runtime.worker_id) if training else (1, 0))
+        self._meeting = JobMeeting(self._runtime)  # strategy.barrier, the gradient path's strategy.reduce
+        # Gradient path: the workers are one sync group (replica id = worker id); update path: each its own.
+        me = self._runtime.worker_id
+        self.extended.set_job(me if self._runtime.num_replicas > 1 and me > 0 else 0, self._runtime.is_chief,
+                              cluster_resolver(config.cluster.jobs(), task.job, task.index),
+                              (config.cluster.num_workers, me) if me >= 0 else (1, 0))  # evaluator: one pipeline
         # Keras builds from the dataset's element spec: no throwaway iterator (a SIGSEGV in TF 2.21 at times).
         build_from_element_spec(self)
         atexit.register(self._at_exit)
@@ -252,86 +251,22 @@ class ParameterServerStrategy(StrategyBase):
     def reduce(self, reduce_op, value, axis=None):
         """``value`` reduced across the replicas in sync (and over ``axis``), as under MultiWorkerMirroredStrategy.
 
-        BSP and SyncReplicas (the gradient path: ``num_replicas_in_sync`` > 1):
-        SUM and MEAN over every live worker of the job — PS task 0 meets the
-        workers (every worker must call it, in the same order as its other
-        ``reduce``/``barrier`` calls; bounded by ``ps.rpc_timeout_s``). In and
-        out of ``tf.function``. Async, SSP and DTSSP: each worker is its own
-        sync group of one replica (``num_replicas_in_sync`` = 1: its updates
-        are its own), so the value is this worker's, reduced over ``axis``
-        only; use :meth:`barrier` to meet the other workers.
-
-        Args:
-            reduce_op: ``"SUM"``/``"MEAN"`` or a ``tf.distribute.ReduceOp``.
-            value: This worker's value (what ``strategy.run`` returned).
-            axis: Also reduce over this dimension (e.g. the batch); a MEAN then
-                divides by the number of elements. Defaults to ``None``.
+        BSP, SyncReplicas: SUM/MEAN over every live worker, in and out of
+        ``tf.function`` (met on PS task 0: every worker calls it in the same
+        order as its other ``reduce``/``barrier`` calls). Async, SSP, DTSSP:
+        each worker is a sync group of one replica: this worker's value.
+        ``axis``: also reduce over this dimension (a MEAN divides by the count).
         """
-        return reduce_over_axis(self._reduce_across, reduce_op, value, axis)
-
-    def _reduce_across(self, reduce_op, value):
-        import numpy as np
-        import tensorflow as tf
-
-        value = tf.convert_to_tensor(value)
-        if self._runtime.num_replicas <= 1 or self._runtime.worker_id < 0:
-            return value
-        if not (value.dtype.is_floating or value.dtype.is_integer):
-            raise TypeError(f"{type(self).__name__}.reduce reduces numbers. Received: a tensor of dtype "
-                            f"{value.dtype.name}. Cast it first (e.g. tf.cast(value, tf.float32)).")
-        mean = reduce_op == tf.distribute.ReduceOp.MEAN
-
-        def meet(flat):
-            sums, workers = self._meet("reduce", [float(v) for v in np.ravel(flat.numpy())])
-            out = np.asarray(sums, dtype=np.float64) / (len(workers) if mean else 1)
-            return out.astype(flat.dtype.as_numpy_dtype)
-
-        out = tf.py_function(meet, [tf.reshape(value, [-1])], value.dtype, name="tfdist_reduce")
-        return tf.ensure_shape(tf.reshape(out, tf.shape(value)), value.shape)
-
-    def _meet(self, name: str, values=(), timeout_s: float | None = None):
-        """This worker's next rendezvous with the job's workers on PS task 0: ``(sums of values, workers)``."""
-        from tfdist.ps.protocol import RendezvousRequest
-
-        if self._runtime.config.cluster.num_workers <= 1:
-            return tuple(values), (max(self._runtime.worker_id, 0),)
-        seq, self._rendezvous_seq = self._rendezvous_seq, self._rendezvous_seq + 1
-        if self._rendezvous_client is None:  # its own connection: the session fixes the placement when it starts
-            from tfdist.ps.client import PSClient
-
-            config = self._runtime.config
-            self._rendezvous_client = PSClient(config.cluster.ps[:1], self._runtime.token,
-                                               rpc_timeout_s=config.ps.rpc_timeout_s, tls_ca=config.security.tls_ca)
-        reply = self._rendezvous_client.request(
-            0, RendezvousRequest(self._runtime.worker_id, seq, name, tuple(values)), timeout=timeout_s)
-        return reply.sums, reply.workers
+        return reduce_over_axis(self._meeting.reduce_across, reduce_op, value, axis)
 
     def barrier(self, name: str, timeout_s: float | None = None) -> None:
-        """Waits until every live worker of the job reached the barrier ``name`` (PS task 0 meets them; bounded).
+        """Waits (up to ``timeout_s``, default ``ps.rpc_timeout_s``) until every live worker reached barrier ``name``.
 
-        For scripts that save on the chief and load everywhere:
-
-        ```python
-        if strategy.is_chief:
-            model.save(path)
-        strategy.barrier("saved")
-        model = keras.models.load_model(path)
-        ```
-
-        Every worker must wait at the same barriers (and call :meth:`reduce`)
-        in the same order; an evaluator does not take part (returns at once).
-
-        Args:
-            name: The barrier's name (workers at differently named barriers
-                get an error saying so).
-            timeout_s: How long to wait. Defaults to ``ps.rpc_timeout_s``.
-
-        Raises:
-            tfdist.errors.PSWaitTimeoutError: A worker did not arrive in time.
+        E.g. the chief saves, ``strategy.barrier("saved")``, every worker
+        loads. Every worker waits at the same barriers in the same order (a
+        different name raises); an evaluator does not take part.
         """
-        barrier_code(name)  # validates the name
-        if self._runtime.worker_id >= 0:
-            self._meet(f"barrier:{name}", (), timeout_s)
+        self._meeting.barrier(name, timeout_s)
 
     def placement(self) -> PlacementPlan:
         """The variable → PS task map (same on every worker of a job)."""
@@ -543,9 +478,7 @@ class ParameterServerStrategy(StrategyBase):
         """
         # An in-process PS needs no "done" message (and may already be gone).
         self._runtime.close(done=done and self._local_server is None)
-        if self._rendezvous_client is not None:
-            self._rendezvous_client.close()
-            self._rendezvous_client = None
+        self._meeting.close()
         if self._local_server is not None:
             self._local_server.stop(0)
             self._local_server = None

@@ -164,7 +164,7 @@ def run_mode(mode, strategy, out, me, data):
     loaded_best = keras.models.load_model(best)
     with open(os.path.join(shared, "log.csv")) as f:
         csv_rows = f.read().strip().splitlines()
-    from tfdist.callbacks._worker_files import _root as temp_root
+    from tfdist.strategies._worker_files import _root as temp_root
     cases["callbacks"] = {
         "epochs": len(history.history["loss"]), "val_loss": val, "best_epoch": stop.best_epoch,
         "best_equals_restored": float(np.max(np.abs(loaded_best.predict(xt, verbose=0) - predictions))),

@@ -1,0 +1,132 @@
+"""Variables that join a running job (issue 21 item 8), the pure parts: placement, the store's rules, schedules.
+
+The join itself, with real PS tasks and Keras models in every mode, is
+``tests/integration/test_variables_join.py``.
+"""
+
+import numpy as np
+import pytest
+
+from tfdist.config import JobConfig
+from tfdist.consistency import AsyncPolicy, policy_from_spec
+from tfdist.ps import checkpoint as ckpt
+from tfdist.ps.checkpointer import ShardCheckpointer
+from tfdist.ps.placement import GreedyPlacement, RoundRobinPlacement, VariableSpec
+from tfdist.ps.protocol import RequestError
+from tfdist.ps.server import ParameterService
+from tfdist.ps.store import ParameterStore
+from tfdist.strategies._schedules import Blocking, EveryK, LocalOnly, LoneWorker, Overlapped, choose_schedule
+
+BASE = [VariableSpec("0000/a", "float32", (4, 2)), VariableSpec("0001/b", "float32", (3,))]
+NEW = [VariableSpec("0002/head/kernel", "float32", (2, 2)), VariableSpec("0003/head/bias", "float32", (2,))]
+
+
+def call(store, method, tensors=None, **meta):
+    return ParameterService(store).call(method, tensors, **meta)
+
+
+def started_store(**kwargs):
+    store = ParameterStore(AsyncPolicy(), num_workers=2, **kwargs)
+    call(store, "Init", {s.key: np.ones(s.shape, np.float32) for s in BASE}, worker=0,
+         specs=[s.to_dict() for s in BASE], num_workers=2)
+    return store
+
+
+# ------------------------------------------------------------------ placement
+@pytest.mark.parametrize("placement", [RoundRobinPlacement(), RoundRobinPlacement(16), GreedyPlacement(),
+                                       GreedyPlacement(16)])
+def test_placement_goes_on_after_the_variables_placed_already_and_does_not_depend_on_the_grouping(placement):
+    plan = placement.place(BASE, 3)
+    at_once = placement.extend(plan, BASE, NEW)
+    one_by_one = placement.extend(placement.extend(plan, BASE, NEW[:1]), BASE + NEW[:1], NEW[1:])
+    assert at_once == one_by_one
+    assert at_once.shards[: len(plan.shards)] == plan.shards  # the old variables stay where they are
+    assert {s.var_key for s in at_once.shards} == {s.key for s in BASE + NEW}
+    if isinstance(placement, RoundRobinPlacement):
+        assert at_once == placement.place(BASE + NEW, 3)  # round robin: as if they had been there from the start
+
+
+# ------------------------------------------------------------------ the store
+def test_the_first_sender_gives_the_job_its_value_and_a_later_one_gets_it():
+    store = started_store()
+    first = {s.key: np.full(s.shape, 1.5, np.float32) for s in NEW}
+    meta, values = call(store, "Extend", first, worker=1, specs=[s.to_dict() for s in NEW])
+    assert sorted(meta["added"]) == sorted(s.key for s in NEW)
+    second = {s.key: np.full(s.shape, -7.0, np.float32) for s in NEW}
+    meta, values = call(store, "Extend", second, worker=0, specs=[s.to_dict() for s in NEW])
+    assert meta["added"] == []
+    for s in NEW:
+        np.testing.assert_array_equal(values[s.key], first[s.key])
+    assert store.status()["joined_variables"] == 2
+
+
+def test_a_join_with_another_shape_is_refused_whole_naming_the_variable():
+    store = started_store()
+    call(store, "Extend", {NEW[0].key: np.zeros((2, 2), np.float32)}, worker=0, specs=[NEW[0].to_dict()])
+    before = store.state()
+    other = [{**NEW[0].to_dict(), "shape": [3, 2]}, NEW[1].to_dict()]
+    with pytest.raises(RequestError, match="head/kernel") as e:
+        call(store, "Extend", {NEW[0].key: np.zeros((3, 2), np.float32), NEW[1].key: np.zeros(2, np.float32)},
+             worker=1, specs=other)
+    assert e.value.grpc_code == "FAILED_PRECONDITION"
+    assert NEW[1].key not in store.state()["values"] and store.state()["version"] == before["version"]
+
+
+def test_a_worker_that_starts_again_may_leave_joined_variables_out_but_not_the_job_s_first_ones():
+    store = started_store()
+    call(store, "Extend", {s.key: np.zeros(s.shape, np.float32) for s in NEW}, worker=0,
+         specs=[s.to_dict() for s in NEW])
+    base = [s.to_dict() for s in BASE]
+    assert call(store, "WaitInit", worker=1, timeout_s=0.1, specs=base)[0]["initialized"]  # before it built its head
+    assert call(store, "WaitInit", worker=1, timeout_s=0.1, specs=base + [NEW[0].to_dict()])[0]["initialized"]
+    with pytest.raises(RequestError, match="differ") as e:  # a model without one of the job's first variables
+        call(store, "WaitInit", worker=1, timeout_s=0.1, specs=base[:1])
+    assert e.value.grpc_code == "FAILED_PRECONDITION"
+    with pytest.raises(RequestError, match="differ"):  # a variable the job does not know: it must join first
+        call(store, "WaitInit", worker=1, timeout_s=0.1, specs=base + [{**NEW[0].to_dict(), "key": "0002/x"}])
+
+
+def test_joined_variables_are_in_the_checkpoint_and_a_restored_task_still_knows_they_joined(tmp_path):
+    store = started_store()
+    call(store, "Extend", {s.key: np.full(s.shape, 3.0, np.float32) for s in NEW}, worker=0,
+         specs=[s.to_dict() for s in NEW])
+    writer = ShardCheckpointer(store, str(tmp_path), 0, 1).start()
+    writer.checkpoint_now(timeout=30)
+    writer.close(final=False)
+    restored = ParameterStore(None, num_workers=2)
+    assert ShardCheckpointer(restored, str(tmp_path), 0, 1).restore() is not None
+    np.testing.assert_array_equal(restored.state()["values"][NEW[0].key], np.full((2, 2), 3.0, np.float32))
+    assert restored.state()["joined"] == [s.key for s in NEW]
+    assert call(restored, "WaitInit", worker=1, timeout_s=0.1, specs=[s.to_dict() for s in BASE])[0]["initialized"]
+    shard = ckpt.read_shard(str(tmp_path), 0)
+    assert shard.meta["joined"] == [s.key for s in NEW]
+
+
+# ------------------------------------------------------------------ schedules
+def _config(**strategy):
+    return JobConfig.from_dict({"cluster": {"ps": 1, "worker": strategy.pop("workers", 2)}, "strategy": strategy})
+
+
+@pytest.mark.parametrize("spec, config, single, expected", [
+    ({"policy": "async"}, {}, False, "overlapped"),
+    ({"policy": "async"}, {"overlap_exchange": False}, False, "blocking"),
+    ({"policy": "ssp", "staleness": 2}, {}, False, "blocking"),
+    ({"policy": "dtssp"}, {}, False, "blocking"),
+    ({"policy": "async"}, {"exchange_every": 4}, False, "every-4 (overlapped)"),
+    ({"policy": "async"}, {"exchange_every": 4, "overlap_exchange": False}, False, "every-4 (blocking)"),
+    ({"policy": "async"}, {}, True, "local-only"),
+    ({"policy": "async"}, {"workers": 1}, False, "lone-worker"),
+    ({"policy": "async"}, {"workers": 1, "lone_worker_exchange_s": 0}, False, "overlapped"),
+    ({"policy": "ssp", "staleness": 2}, {"workers": 1}, False, "blocking"),
+])
+def test_the_update_path_chooses_its_schedule_once_from_the_mode_and_the_config(spec, config, single, expected):
+    schedule = choose_schedule(_config(**config), policy_from_spec(spec, 2), worker_id=0, single_process=single)
+    assert schedule.name == expected
+    if isinstance(schedule, LocalOnly):  # what it falls back to when a step must run Python
+        assert isinstance(schedule.fallback, (EveryK if not isinstance(schedule, LoneWorker) else Overlapped))
+
+
+def test_a_schedule_holds_the_steps_its_k_says():
+    every3 = EveryK(Blocking(), 3)
+    assert [every3.holds(n) for n in range(3)] == [True, True, False]
+    assert not Blocking().holds(0) and not Overlapped().holds(0)

@@ -1,0 +1,230 @@
+"""The update path's session (ASP, SSP, DTSSP): SSP clocks, pushes of updates, the overlapped exchange.
+
+The worker side's slice of the update path in numpy, between the runtime
+(:mod:`tfdist.strategies._update_path`) and the store's handlers
+(:mod:`tfdist.ps._update_requests`). Updates of large variables that changed
+few rows travel row-sparse (``session._row_sparse``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Mapping
+
+import numpy as np
+
+from tfdist.consistency.ssp import cache_is_fresh_enough
+from tfdist.errors import PSRejectedError
+from tfdist.ps.session import AUDIT_STEPS, WorkerSession
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["UpdateSession"]
+
+
+class UpdateSession(WorkerSession):
+    """The update path with SSP clocks: ASP, SSP(s) and DTSSP.
+
+    ``clock`` counts completed steps, which is also the (0-based) index of
+    the step about to start. Before step ``clock`` starts, :meth:`begin`
+    refreshes the cache only if the SSP read guarantee needs it
+    (the PS then makes the read wait while this worker is more than ``s``
+    clocks ahead of the slowest live worker); :meth:`end` pushes the step's
+    update. ASP (``refresh_every_step``) pulls with every push instead.
+
+    ASP may also overlap the exchange with the next step
+    (:meth:`end_overlapped`): the step's update goes out in the background
+    and the next step starts on the local values; when the reply arrives the
+    local variables become ``fresh + (local_now - local_at_send)``, so every
+    local update is pushed exactly once and none is lost.
+    """
+
+    def __init__(self, *args, staleness: float = float("inf"), refresh_every_step: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.state.staleness = staleness
+        self.refresh_every_step = refresh_every_step
+        self.push_pull = math.isinf(staleness)
+        self._exchange: Future | None = None
+        self._exchange_thread: ThreadPoolExecutor | None = None
+        self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0, "overlap_wait_seconds": 0.0})
+        #: ``(clock started, min clock the cache is guaranteed to include)`` per step, for audits:
+        #: the last :data:`AUDIT_STEPS` steps (bounded, so a long job does not grow it forever).
+        self.starts: collections.deque[tuple[int, int]] = collections.deque(maxlen=AUDIT_STEPS)
+
+    def _note(self, replies) -> None:
+        super()._note(replies)
+        ordered = [replies[i] for i in range(self.plan.num_ps)]
+        mins = [r.min_clock for r in ordered if r.min_clock is not None]
+        if mins:
+            self.state.min_clock = min(mins)
+        clocks = [r.clock for r in ordered if getattr(r, "clock", None) is not None]
+        if clocks and max(clocks) > self.state.clock:  # joined a running job: adopt the clock the PS gave us
+            logger.info("worker %d starts at clock %d (adopted on join)", self.worker_id, max(clocks))
+            self.state.clock = max(clocks)
+            self.state.cache_min_clock = max(self.state.cache_min_clock, self.state.min_clock)
+        clocked = [r for r in ordered if r.global_step is not None]  # replies that carry the clock information
+        if clocked and len(clocked) == len(ordered):  # DTSSP moves the bound; every PS task runs the same rule
+            bounds = [r.staleness for r in clocked]
+            self.state.staleness = float("inf") if None in bounds else min(bounds)
+
+    def needs_refresh(self) -> bool:
+        """Whether starting step ``clock`` requires a fresher cache."""
+        return not cache_is_fresh_enough(self.state.clock, self.state.cache_min_clock, self.state.staleness)
+
+    def begin(self) -> dict[str, np.ndarray] | None:
+        """Makes the cache fit to start step ``clock``; returns new values or None."""
+        if self.refresh_every_step or not self.needs_refresh():
+            self.starts.append((self.state.clock, self.state.cache_min_clock))
+            return None
+        start = time.perf_counter()
+        values = self.pull(clock=self.state.clock)
+        waited = time.perf_counter() - start
+        self.state.cache_min_clock = self.state.min_clock
+        self.starts.append((self.state.clock, self.state.cache_min_clock))
+        self.stats["refreshes"] += 1
+        if waited > 0.05:
+            self.stats["waits"] += 1
+        self.stats["wait_seconds"] += waited
+        return values
+
+    def end(self, current: Mapping[str, np.ndarray], loss: float | None = None, steps: int = 1
+            ) -> dict[str, np.ndarray] | None:
+        """Pushes the step's update (``steps`` local steps summed); returns fresh values when it also pulled."""
+        self.flush()  # an overlapped exchange in flight: its fresh values come back with this pull
+        values = self._push(current, loss, pull=self.refresh_every_step, steps=steps)
+        if values is not None:
+            self.state.cache_min_clock = self.state.min_clock
+            self.stats["refreshes"] += 1
+        return values
+
+    # ------------------------------------------------ overlapped exchange (ASP)
+    def end_overlapped(self, current: Mapping[str, np.ndarray], loss: float | None = None, steps: int = 1
+                       ) -> dict[str, np.ndarray] | None:
+        """ASP without waiting: sends this step's update in the background.
+
+        Waits only for the *previous* step's exchange, if it is still in
+        flight, then starts this step's (push the update, pull fresh values)
+        and returns at once.
+
+        The update pushed is ``current - base``: ``base`` is what the PS holds
+        after this worker's previous update if nothing else landed, i.e. the
+        local values as they were at the previous send, plus the correction
+        returned now. Every local change is therefore pushed exactly once.
+
+        Returns:
+            Corrections to *add* to the local variables now (variable key →
+            array): ``fresh - base`` for every variable on which another
+            worker's update arrived. ``None`` when there is none.
+        """
+        if not self.refresh_every_step:
+            raise PSRejectedError("end_overlapped() is for ASP (refresh_every_step); SSP/DTSSP use end().")
+        if not self._snapshot:
+            raise PSRejectedError("push before initialize(): the worker has no snapshot to diff against.")
+        start = time.perf_counter()
+        corrections = self._finish_exchange()
+        base = self._base if self._base is not None else self._snapshot
+        deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
+        self.state.clock += 1
+        args = (deltas, loss, self.state.clock, self._snapshot, list(self.state.versions), steps)
+        try:
+            if self._exchange_thread is None:
+                self._exchange_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-exchange")
+            self._exchange = self._exchange_thread.submit(self._exchange_in_background, *args)
+        except RuntimeError:  # the interpreter is ending (no new futures): exchange in this thread
+            self._exchange = Future()
+            try:
+                self._exchange.set_result(self._exchange_in_background(*args))
+            except BaseException as e:  # read by _finish_exchange, as a failed background exchange would be
+                self._exchange.set_exception(e)
+        self.stats["syncs"] += 1
+        self.stats["sync_seconds"] += time.perf_counter() - start
+        return corrections
+
+    def flush(self) -> dict[str, np.ndarray] | None:
+        """Waits for an overlapped exchange still in flight; returns its corrections (or None)."""
+        return self._finish_exchange()
+
+    def _finish_exchange(self) -> dict[str, np.ndarray] | None:
+        if self._exchange is None:
+            return None
+        exchange, self._exchange = self._exchange, None
+        start = time.perf_counter()
+        try:
+            result = exchange.result()
+        finally:
+            self.stats["overlap_wait_seconds"] += time.perf_counter() - start
+        self._snapshot, self._base, self.state.versions = result.snapshot, result.base, result.version
+        self._note(result.replies)
+        self.state.cache_min_clock = self.state.min_clock
+        self.stats["refreshes"] += 1
+        return result.corrections
+
+    def _exchange_in_background(self, deltas, loss, clock, snapshot, version, steps: int = 1) -> "_Exchange":
+        """One PushPull per PS task; computes the new snapshot and the corrections (no session state touched)."""
+        # What every PS task holds after this update if no other update landed:
+        # the same float additions the PS makes.
+        expected = {k: np.add(snapshot[k], d) for k, d in deltas.items()}
+        parts = self._split(deltas)
+        replies = self._request_many(self._push_requests(parts, clock, loss, True, steps, version))
+        shards, expected_parts, changed = {}, None, set()
+        for ps, reply in replies.items():
+            tensors = reply.values
+            if reply.unchanged:
+                if expected_parts is None:
+                    expected_parts = self._split(expected)
+                shards[ps] = expected_parts[ps]
+                self.stats["unchanged_replies"] += 1
+            else:
+                shards[ps] = tensors
+                changed.add(ps)
+                self.stats["bytes_pulled"] += sum(v.nbytes for v in tensors.values())
+        fresh = self._join(shards) if changed else expected
+        corrections, new_snapshot = {}, {}
+        for key in deltas:
+            if changed and any(sh.ps in changed for sh in self.plan.shards_of(key)):
+                new_snapshot[key] = fresh[key]
+                corrections[key] = np.subtract(fresh[key], expected[key])
+            else:
+                new_snapshot[key] = expected[key]
+        return _Exchange(
+            snapshot=new_snapshot, base=expected, corrections=corrections or None,
+            version=[replies[i].version for i in range(self.plan.num_ps)], replies=replies,
+        )
+
+    def pull(self, clock: int | None = None, min_state_step: int | None = None, as_reader: bool = False
+             ) -> dict[str, np.ndarray]:
+        self.flush()  # the update in flight first; the pulled values replace the local ones anyway
+        return super().pull(clock=clock, min_state_step=min_state_step, as_reader=as_reader)
+
+    def recover(self, cause: Exception, local_values: Mapping[str, np.ndarray] | None = None,
+                as_reader: bool = False) -> dict[str, np.ndarray]:
+        self._exchange = None  # an overlapped exchange in flight is lost with the task
+        values = super().recover(cause, local_values, as_reader)
+        self.state.cache_min_clock = self.state.min_clock
+        return values
+
+    def close(self, done: bool = True) -> None:
+        try:
+            self.flush()  # the last update must land before this worker says it is done
+        except Exception as e:
+            logger.warning("worker %d: the last update in flight failed: %s", self.worker_id, e)
+        finally:
+            if self._exchange_thread is not None:
+                self._exchange_thread.shutdown(wait=False)
+        super().close(done=done)
+
+
+@dataclasses.dataclass
+class _Exchange:
+    """Outcome of one overlapped exchange, applied by the training thread."""
+
+    snapshot: dict[str, np.ndarray]
+    base: dict[str, np.ndarray]
+    corrections: dict[str, np.ndarray] | None
+    version: list[int]
+    replies: dict

@@ -1,0 +1,246 @@
+"""The update path's exchange schedules: when and how a worker's training steps reach the PS.
+
+A schedule is chosen once per strategy (:func:`choose_schedule`) from the
+mode's facts and the config, and fixed for good when the first training step
+is traced (a local-only candidate then falls back to its ``fallback`` if the
+job has PS-resident tables, an injected slow-down or elastic warm-up, which
+need a step that runs Python). Nothing else in the runtime decides it.
+
+=================  =========================================================================
+schedule           when it is chosen, what a step does
+=================  =========================================================================
+``Blocking``       SSP, DTSSP; ASP with ``overlap_exchange: false``: the step's update is
+                   pushed and fresh values come back before the next step.
+``Overlapped``     ASP (default): the exchange runs in the background while the next step
+                   computes; its corrections are added at the next exchange.
+``EveryK``         ASP with ``exchange_every: k``: k − 1 steps stay local, the k-th sends their
+                   sum through the inner schedule (blocking or overlapped).
+``LocalOnly``      ASP in one process with its in-process PS (no cluster, no checkpoints):
+                   Keras's own step plus a step counter; the steps reach the PS before
+                   anything reads it (``flush_local_steps``). Falls back to every-100.
+``LoneWorker``     ASP, the only training worker of a job with remote PS tasks
+                   (``lone_worker_exchange_s`` > 0, not elastic): local-only steps, sent every
+                   ``lone_worker_exchange_s`` by a background thread. Falls back to the
+                   per-step schedule.
+=================  =========================================================================
+
+The runtime (:class:`~tfdist.strategies._update_path.UpdatePathRuntime`) owns
+the steps not sent yet; a schedule owns only what is its own (the lone
+worker's thread and its failure).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tfdist.config import JobConfig
+    from tfdist.consistency import ConsistencyPolicy
+
+#: The update path's runtime (:class:`tfdist.strategies._update_path.UpdatePathRuntime`), which holds the
+#: schedule; named, not imported, so that the runtime's module stays the only one that imports the other.
+UpdatePathRuntime = Any
+
+__all__ = ["Schedule", "Blocking", "Overlapped", "EveryK", "LocalOnly", "LoneWorker", "choose_schedule",
+           "SINGLE_PROCESS_EXCHANGE_EVERY"]
+
+logger = logging.getLogger(__name__)
+
+#: Async training as one process (no cluster, in-process PS) that cannot run local-only steps: the worker's
+#: steps reach the PS this often (and before every read), since nothing else reads the PS meanwhile.
+SINGLE_PROCESS_EXCHANGE_EVERY = 100
+
+
+class Schedule:
+    """A per-step schedule: every training step is exchanged (see the module's table).
+
+    Attributes:
+        name: For logs and ``describe``.
+        every: Training steps per exchange (the others stay local and travel
+            summed with the last one).
+        overlapped: The exchange runs in the background while the next step
+            computes (ASP): its corrections are added, not assigned.
+        local_only: Steps run without any exchange (Keras's step plus a counter).
+    """
+
+    name = "blocking"
+    every = 1
+    overlapped = False
+    local_only = False
+
+    def holds(self, unsent_steps: int) -> bool:
+        """Whether the step ending now stays local (``unsent_steps`` held before it)."""
+        return unsent_steps + 1 < self.every
+
+    def exchange(self, rt: UpdatePathRuntime, values: Mapping[str, np.ndarray], loss: float | None,
+                 steps: int) -> None:
+        """Sends ``steps`` steps (their update: ``values`` minus what the PS last gave) and takes the answer."""
+        send_blocking(rt, values, loss, steps)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class Blocking(Schedule):
+    """Push, then wait for fresh values, every step."""
+
+
+class Overlapped(Schedule):
+    """ASP: the exchange of step t travels while step t+1 computes."""
+
+    name = "overlapped"
+    overlapped = True
+
+    def exchange(self, rt, values, loss, steps) -> None:
+        send_overlapped(rt, values, loss, steps)
+
+
+class EveryK(Schedule):
+    """ASP with ``exchange_every: k``: one exchange per ``k`` steps, through ``inner``."""
+
+    def __init__(self, inner: Schedule, k: int):
+        self.inner, self.every = inner, int(k)
+        self.overlapped = inner.overlapped
+        self.name = f"every-{self.every} ({inner.name})"
+
+    def exchange(self, rt, values, loss, steps) -> None:
+        self.inner.exchange(rt, values, loss, steps)
+
+
+class LocalOnly(Schedule):
+    """Steps without an exchange; they reach the PS when something reads it. ``fallback``: see the module doc."""
+
+    name = "local-only"
+    local_only = True
+
+    def __init__(self, fallback: Schedule):
+        self.fallback = fallback
+
+
+class LoneWorker(LocalOnly):
+    """A lone worker: local-only steps, sent by a background thread every ``interval_s``.
+
+    Nobody else writes to the PS, so its local values are the job's. The
+    thread's failure stops training at the next step (``failed``, a variable
+    the step asserts on); after a recovery the PS tasks must get this worker's
+    state back (``resync``).
+    """
+
+    name = "lone-worker"
+
+    def __init__(self, fallback: Schedule, interval_s: float):
+        super().__init__(fallback)
+        self.interval_s = float(interval_s)
+        self.error: BaseException | None = None
+        self.resync = False
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self, rt: UpdatePathRuntime) -> None:
+        """The first step is being traced: joins the job now (eager) and starts the background exchange."""
+        import tensorflow as tf
+
+        with tf.init_scope():  # eager, out of the step's trace: the chief initialises the PS with its values
+            rt.ensure_session()
+        logger.info("worker %d is the job's only training worker: its steps run without an exchange; their "
+                    "update reaches the PS every %g s in the background (strategy.lone_worker_exchange_s)",
+                    rt.worker_id, self.interval_s)
+        self._thread = threading.Thread(target=self._loop, args=(rt,), name="tfdist-lone-exchange", daemon=True)
+        self._thread.start()
+
+    def _loop(self, rt: UpdatePathRuntime) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.exchange_now(rt)
+            except Exception as e:  # the PS is gone for good (recovery failed) or refused the update
+                if self._stop.is_set() or (isinstance(e, RuntimeError) and "shutdown" in str(e)):
+                    return  # the process is ending: close() sends what is left, in its own thread
+                self.error = e
+                logger.error("worker %d: the background exchange with the parameter servers failed; training "
+                             "stops at the next step: %s", rt.worker_id, e)
+                rt.lone_failed.assign(True)
+                return
+
+    def exchange_now(self, rt: UpdatePathRuntime) -> None:
+        """Sends the steps made since the last exchange (their summed update), in the background.
+
+        The training thread goes on meanwhile: the values read here may mix
+        two steps across variables, which loses nothing, since each
+        variable's next update is taken against the very values sent now.
+        """
+        with rt._exchange_lock:
+            if rt.lifecycle.closed or rt.session is None:
+                return
+            rt._count_local_steps()
+            if rt.registry.pending:
+                rt.join_new_variables()  # a second model, a new head: its steps are sent with the others
+            if rt.lifecycle.left:
+                if not rt._unsent_steps:
+                    return
+                rt.rejoin()  # a later fit after leave(): its steps take part in the job again
+            if not rt._unsent_steps:  # the last exchange's outcome (a lost PS is found, and recovered from, now)
+                corrections = rt._recovering(rt.session.flush)
+                if corrections:
+                    rt.registry.add(corrections)
+                return
+            steps, rt._unsent_steps = rt._unsent_steps, 0
+            recoveries = rt._recoveries()
+            try:
+                send_overlapped(rt, rt.registry.values(), None, steps)
+            except BaseException:
+                rt._unsent_steps += steps  # not sent: the next exchange (or close) carries them
+                raise
+            if rt._recoveries() > recoveries:  # the exchange before failed and this one was not sent:
+                rt._unsent_steps += steps      # the next one carries these steps (and the state, see _recover)
+            else:
+                self.resync = False
+
+    def stop(self, join_timeout_s: float) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        self._stop.set()
+        if thread is not threading.current_thread():
+            thread.join(timeout=join_timeout_s)
+
+
+def send_blocking(rt: UpdatePathRuntime, current: Mapping[str, np.ndarray], loss: float | None, steps: int) -> None:
+    """Pushes the update and assigns the fresh values that come back (a lost PS is recovered from)."""
+    rt.registry.written.clear()  # this update carries the local writes (current - snapshot)
+    values = rt._recovering(lambda: rt.session.end(current, loss, steps=steps))
+    if values is not None:
+        rt.registry.assign(values)
+
+
+def send_overlapped(rt: UpdatePathRuntime, current: Mapping[str, np.ndarray], loss: float | None,
+                    steps: int) -> None:
+    """Starts this exchange in the background; adds the corrections of the one before."""
+    rt.registry.written.clear()  # this update carries the local writes (current - base)
+    corrections = rt._recovering(lambda: rt.session.end_overlapped(current, loss, steps=steps))
+    if corrections:
+        rt.registry.add(corrections)
+
+
+def choose_schedule(config: JobConfig, policy: ConsistencyPolicy, worker_id: int,
+                    single_process: bool = False) -> Schedule:
+    """The schedule of an update-path worker (see the module's table); ``single_process``: in-process PS."""
+    asp = policy.refresh_every_step and policy.staleness == math.inf
+    per_step: Schedule = Overlapped() if asp and config.strategy.overlap_exchange else Blocking()
+    every = int(config.strategy.exchange_every) if asp else 1
+    if every > 1:
+        return EveryK(per_step, every)
+    if not asp:
+        return per_step
+    if single_process:
+        if config.ps.checkpoint_dir:
+            return per_step
+        return LocalOnly(fallback=EveryK(per_step, SINGLE_PROCESS_EXCHANGE_EVERY))
+    if (config.strategy.lone_worker_exchange_s > 0 and worker_id == 0 and config.cluster.num_workers == 1
+            and not config.elastic.enabled):
+        return LoneWorker(per_step, config.strategy.lone_worker_exchange_s)
+    return per_step

@@ -1,0 +1,252 @@
+"""The update path's worker side (ASP, SSP, DTSSP): after a training step the worker pushes its update.
+
+The vertical slice of the update path is this module (the worker runtime)
+with its schedules (:mod:`tfdist.strategies._schedules`),
+:class:`~tfdist.ps.update_session.UpdateSession` (its requests, the staleness
+bound's refreshes, the overlapped exchange) and
+:mod:`tfdist.ps._update_requests` (the store's handlers). The update is an
+additive delta (this worker's values minus those the PS last gave it); the
+schedule, chosen once, decides when it travels.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist.errors import PSUnavailableError
+from tfdist.ps.session import WorkerSession
+from tfdist.ps.update_session import UpdateSession
+from tfdist.strategies._ps_runtime import PSRuntime
+from tfdist.strategies._schedules import LocalOnly, LoneWorker, Schedule, choose_schedule, send_blocking
+
+__all__ = ["UpdatePathRuntime"]
+
+logger = logging.getLogger(__name__)
+
+
+class UpdatePathRuntime(PSRuntime):
+    """ASP, SSP, DTSSP: push the step's update after it; pull as the policy needs.
+
+    ``schedule`` (:mod:`~tfdist.strategies._schedules`) is chosen here and
+    fixed when the first training step is traced (:meth:`local_only`). This
+    runtime owns the steps not sent yet (``_unsent_steps``; a local-only
+    schedule counts its steps in a graph variable, read into it by
+    :meth:`_count_local_steps`).
+    """
+
+    def __init__(self, config, task, token, variable_filter, policy, single_process: bool = False):
+        super().__init__(config, task, token, variable_filter, policy)
+        #: When and how steps reach the PS; fixed at the first trace (see :meth:`local_only`).
+        self.schedule: Schedule = choose_schedule(config, policy, self.worker_id, single_process)
+        self._schedule_fixed = not self.schedule.local_only
+        # Async with overlap: a step's row gradients travel while the next steps run (staleness of this
+        # worker's own rows by at most MAX_ROW_PUSHES_IN_FLIGHT steps, as other workers' are under async).
+        # One process (in-process PS) keeps them in step: its tables train exactly as local embeddings.
+        per_step = self.schedule.fallback if isinstance(self.schedule, LocalOnly) else self.schedule
+        self.background_row_pushes = per_step.overlapped and not single_process
+        #: Local-only: the graph's count of training steps, and how many of them were counted already.
+        self._local_steps: tf.Variable | None = None
+        self._local_steps_counted = 0
+        #: Lone worker: set when its background exchange failed for good (the next step raises).
+        self.lone_failed: tf.Variable | None = None
+        if self.schedule.local_only:
+            with tf.init_scope():
+                self._local_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_local_steps")
+                if isinstance(self.schedule, LoneWorker):
+                    self.lone_failed = tf.Variable(False, trainable=False, name="tfdist_lone_exchange_failed")
+        # Under ASP nothing waits for anyone: time blocked on the PS is this worker's own exchange.
+        self.blocked_time_waits_for_peers = not (policy.refresh_every_step and policy.staleness == float("inf"))
+        self._unsent_steps = 0
+        # Steps held back are sent before a local write, so the two never travel as one update (and
+        # pull(keep_local_writes=False) can drop the write and keep the steps).
+        self._flushing_for_write = False
+        self.registry.before_local_write = self._flush_before_local_write
+
+    def _new_session(self, *args, **kwargs) -> WorkerSession:
+        return UpdateSession(*args, staleness=self.policy.staleness,
+                             refresh_every_step=self.policy.refresh_every_step, **kwargs)
+
+    # -------------------------------------------------------------- schedule
+    @property
+    def exchange_every(self) -> int:
+        return self.schedule.every
+
+    @property
+    def overlap(self) -> bool:
+        return self.schedule.overlapped
+
+    @property
+    def lone_worker(self) -> bool:
+        """Whether this worker runs (or, before its first step, will run) the lone-worker schedule."""
+        return isinstance(self.schedule, LoneWorker)
+
+    def _lone(self) -> LoneWorker | None:
+        """The lone-worker schedule, once fixed as this worker's."""
+        return self.schedule if self._schedule_fixed and isinstance(self.schedule, LoneWorker) else None
+
+    @property
+    def _local_only(self) -> bool:
+        return self._schedule_fixed and self.schedule.local_only
+
+    def local_only(self) -> bool:
+        """Whether training steps run without any exchange; fixes the schedule at the first call (a trace).
+
+        A local-only schedule falls back when a step must run Python (tables,
+        injected slow-down, warm-up); a lone worker's background exchange
+        starts here (if it cannot, no PS yet, the decision waits for the next trace).
+        """
+        if not self._schedule_fixed:
+            eligible = not self._tables and self.slowdown is None and self.lifecycle.warmup_left == 0
+            if not eligible:
+                self.schedule = self.schedule.fallback
+            elif isinstance(self.schedule, LoneWorker):
+                self.schedule.start(self)
+            self._schedule_fixed = True
+            logger.debug("worker %d: exchange schedule %s", self.worker_id, self.schedule)
+        return self.schedule.local_only
+
+    def build_local_end_of_step(self) -> tf.Tensor:
+        """The end of a local-only training step: counts it; its stats (the job's step is this count)."""
+        if self.lone_failed is None:
+            step = tf.cast(self._local_steps.assign_add(1), tf.float32)
+        else:  # a lone worker stops at the step after its background exchange failed for good
+            ok = tf.debugging.Assert(tf.logical_not(self.lone_failed.read_value()), [
+                "tfdist: this worker's background exchange with the parameter servers failed (the error is in "
+                "its log, logger tfdist.strategies._schedules); training stops"])
+            with tf.control_dependencies([ok]):
+                step = tf.cast(self._local_steps.assign_add(1), tf.float32)
+        return tf.stack([step, 0.0, 0.0, -1.0, 0.0])
+
+    def _recover(self, error: PSUnavailableError, as_reader: bool) -> None:
+        """A lone worker keeps its values: it is the job's only writer, so they are the job's state.
+
+        The PS tasks answer again (one that restarted restored its checkpoint,
+        or was initialised again from these values); the session's base is
+        now their state, so the next exchange sends ``local - theirs`` and
+        they hold this worker's state again: no step is lost, whatever the
+        checkpoint held. (Other workers load the job's values instead.)
+        """
+        lone = self._lone()
+        if lone is None:
+            return super()._recover(error, as_reader)
+        self.session.recover(error, self.registry.values(), as_reader=as_reader)
+        lone.resync = True
+
+    def _before_join(self) -> None:
+        corrections = self._recovering(self.session.flush)  # an overlapped exchange in flight lands first
+        if corrections:
+            self.registry.add(corrections)
+
+    def _stop_background_exchange(self) -> None:
+        if isinstance(self.schedule, LoneWorker):
+            self.schedule.stop(join_timeout_s=float(self.config.ps.rpc_timeout_s) + 5.0)
+
+    def _count_local_steps(self) -> None:
+        """Local-only: the steps the graph counted since the last look become unsent steps."""
+        if self._local_steps is None or not self._local_only:
+            return
+        done = int(self._local_steps.numpy())
+        self._unsent_steps += done - self._local_steps_counted
+        self._local_steps_counted = done
+
+    def _flush_before_local_write(self) -> None:
+        if self._flushing_for_write or self.lifecycle.reader:
+            return
+        self._flushing_for_write = True
+        try:
+            if self._local_only and self.session is None:  # the PS has not seen this process's steps yet
+                self._count_local_steps()
+                if self._unsent_steps:
+                    self.ensure_session()  # initialised with the values before the write
+            self.flush_local_steps()  # a lost PS is recovered from inside; a refusal reaches the writer
+        finally:
+            self._flushing_for_write = False
+
+    # ----------------------------------------------------------------- steps
+    def build_end_of_step(self, result) -> tf.Tensor:
+        loss, has_loss = _loss_input(result)
+        inputs = [v.read_value() for v in self.variables] + [loss]
+
+        def end(*tensors):
+            held = self._holds_next_step()  # the step stays local: its values are not needed
+            current = None if held else [np.asarray(t) for t in tensors[:-1]]
+            self.end_step(current, float(tensors[-1].numpy()) if has_loss and not held else None)
+            return self.step_stats()
+
+        # Fresh values go into the variables inside the py_function (VariableRegistry): it returns
+        # only the statistics, so no per-variable output is converted for nothing.
+        return tf.py_function(end, inputs, tf.float32, name="tfdist_end_update_step")
+
+    def _holds_next_step(self) -> bool:
+        """Whether the step ending now will stay local (``exchange_every``), so ``end_step`` needs no values."""
+        return self.in_warmup or (self.session is not None and self.schedule.holds(self._unsent_steps))
+
+    def end_step(self, current: list[np.ndarray] | None, loss: float | None) -> None:
+        """After a training step: count it, and send it (and earlier held-back ones) when the schedule says.
+
+        ``current``: the variables' values after the step; may be ``None``
+        when :meth:`_holds_next_step` said the step stays local.
+        """
+        self._require_training_task()
+        if self.in_warmup:  # not part of the job yet: keep the local update, send nothing
+            return
+        if self.schedule.holds(self._unsent_steps):  # exchange_every: this step stays local
+            self._unsent_steps += 1
+            return
+        steps, self._unsent_steps = self._unsent_steps + 1, 0
+        values = self.registry.keyed(current) if current is not None else self.registry.values()
+        with self._blocked():
+            self.schedule.exchange(self, values, loss, steps)
+
+    def flush_local_steps(self) -> None:
+        """Sends the local steps the schedule held back (every-k, local-only); loads fresh values.
+
+        Row pushes still in flight are waited for first (every read of the PS after this sees them).
+        """
+        self.wait_row_pushes()
+        with self._exchange_lock:
+            lone = self._lone()
+            if lone is not None and lone.error is not None and not self.lifecycle.closed:
+                raise lone.error  # (closing tries to send the last steps all the same)
+            self._count_local_steps()
+            if self.session is None or self.lifecycle.reader:
+                return
+            if self.registry.pending:
+                self.join_new_variables()  # the steps held back may have trained them
+            if self.lifecycle.left and self._unsent_steps and self._local_only:
+                self.rejoin()  # local-only steps of a later fit after leave(): they take part in the job again
+            if self.lifecycle.left:
+                return
+            if lone is not None and lone.resync and not self._unsent_steps:
+                self._unsent_steps = 1  # the PS tasks must get this lone worker's state back: a push counts a batch
+            if not self._unsent_steps:
+                return
+            steps, self._unsent_steps = self._unsent_steps, 0
+            for _ in range(2):  # a lone worker's push lost with a PS task is sent again once it recovered
+                recoveries = self._recoveries()
+                send_blocking(self, self.registry.values(), None, steps)  # waits for any exchange in flight first
+                if self._recoveries() == recoveries or self._lone() is None:
+                    if lone is not None:
+                        lone.resync = False
+                    return
+            raise PSUnavailableError(f"worker {self.worker_id}: a parameter server was lost twice while this worker "
+                                     "sent its last steps")
+
+    def step_stats(self) -> np.ndarray:
+        session = self.session
+        if session is None:
+            return np.array([0, 0, 0, -1, 0], np.float32)
+        st, s = session.stats, session.state.staleness
+        return np.array([session.state.clock, 0, st["waits"], -1 if s == float("inf") else s, st["refreshes"]],
+                        np.float32)
+
+
+def _loss_input(result) -> tuple[tf.Tensor, bool]:
+    """The step's scalar loss as a float32 input of the end-of-step py_function (0 when there is none)."""
+    loss = result.get("loss") if isinstance(result, dict) else None
+    if loss is None:
+        return tf.constant(0.0), False
+    return tf.cast(tf.reshape(loss, []), tf.float32), True
