@@ -6,9 +6,9 @@ fault-tolerance cells as written: ``make_or_restore_model()`` loads the newest
 ``ModelCheckpoint(checkpoint_dir + "/ckpt-{epoch}.keras")``, and
 ``run_training()`` called twice in one process, each call building its strategy
 and model anew; the second call resumes from the first's checkpoint.
-Changed: the strategy line (``make_strategy()``: AllReduce here; under the
-parameter-server strategies a model built after the job's first step stays
-local, README "Build every model before the first step"), the data (8x8
+Changed: the strategy line (``make_strategy()``: AllReduce in the test; the
+parameter-server strategies' variables of a later model join the running
+job, README), the data (8x8
 digits, no download, each worker its own shard), the sizes, and ``record``
 calls. The checkpoint directory is the same on every worker: the chief writes
 it (tfdist sends the other workers' checkpoints to a temporary directory).
