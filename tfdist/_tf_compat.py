@@ -55,7 +55,59 @@ __all__ = [
     "keras_tensorflow_trainer",
     "keras_variable_owner",
     "is_loss_scale_check",
+    "replica_context",
+    "sharded_distributed_dataset",
+    "called_from_keras_trainer",
 ]
+
+
+def called_from_keras_trainer(depth: int = 12) -> bool:
+    """Whether Keras 3's TensorFlow trainer (``fit``/``evaluate``/``predict``) is the caller.
+
+    Checked on Keras 3.15: its epoch iterator calls
+    ``strategy.experimental_distribute_dataset`` for every input type, and
+    its array adapter marks the datasets it makes from numpy arrays with the
+    ``DATA`` auto-shard policy.
+    """
+    frame = sys._getframe(2)  # pylint: disable=protected-access
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__", "").startswith("keras.src.backend.tensorflow.trainer"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def sharded_distributed_dataset(extended, dataset, options, input_context):
+    """``dataset`` distributed as MultiWorkerMirroredStrategy distributes it on this worker.
+
+    Checked on TF 2.21: ``input_util.get_distributed_dataset`` with an
+    ``input_context`` (between-graph: this worker is pipeline
+    ``input_pipeline_id`` of ``num_input_pipelines``) first rebatches the
+    global batch into this worker's share of ``num_replicas_in_sync``
+    per-replica batches, then auto-shards by the dataset's
+    ``options().experimental_distribute.auto_shard_policy`` (FILE, DATA, or
+    AUTO: by file, else by data; OFF: no shard) — MultiWorkerMirroredStrategy's path.
+    """
+    from tensorflow.python.distribute import input_util
+
+    return input_util.get_distributed_dataset(
+        dataset, extended._input_workers_with_options(options), extended._container_strategy(),  # pylint: disable=protected-access
+        num_replicas_in_sync=input_context.num_replicas_in_sync, input_context=input_context, options=options)
+
+
+def replica_context(strategy, replica_id_in_sync_group: int):
+    """The replica context of a one-device extended whose one replica is replica ``replica_id_in_sync_group`` of the job.
+
+    Checked on TF 2.21: ``OneDeviceExtended`` enters a ``_OneDeviceReplicaContext``
+    with id 0; the local replica id (``_get_local_replica_id``, which indexes
+    per-replica values) is computed from the id given to the constructor, so
+    it stays 0 while ``replica_id_in_sync_group`` reports the job-wide id.
+    """
+    ctx = one_device_strategy._OneDeviceReplicaContext(strategy)  # pylint: disable=protected-access
+    ctx._replica_id_in_sync_group = int(replica_id_in_sync_group)  # pylint: disable=protected-access
+    return ctx
 
 
 def in_xla_compilation() -> bool:

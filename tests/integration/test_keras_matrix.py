@@ -77,10 +77,13 @@ def test_the_common_callbacks_work(matrix, mode, me):
     assert cb["epochs"] == EPOCHS
     # EarlyStopping restored the best epoch's weights and predict kept them: they equal ModelCheckpoint's best
     assert cb["best_epoch"] == min(range(EPOCHS), key=lambda e: cb["val_loss"][e])
-    assert cb["best_equals_restored"] < 1e-5, cb
+    if me == 0 or mode in ("all_reduce", "bsp", "sync_replicas", "lone"):  # the chief's file, or one model
+        assert cb["best_equals_restored"] < 1e-5, cb
+    # The callbacks share one path on every worker (the tutorials' way): only the chief writes there (issue #25)
     assert not cb["backup_left"]  # BackupAndRestore removes its backup after a finished fit
-    assert cb["tensorboard_events"] >= 1
-    assert cb["csv_rows"] == EPOCHS and "val_loss" in cb["csv_header"]
+    assert cb["tensorboard_events"] == 1, cb  # the chief's event file only
+    assert cb["csv_rows"] == EPOCHS and "val_loss" in cb["csv_header"]  # the chief's log, whole
+    assert cb["temp_left"] == [] and cb["paths_restored"] == [True, True], cb  # a non-chief's files are gone
     # LearningRateScheduler (x0.9 at every epoch start) and ReduceLROnPlateau (x0.5 at every epoch end but the first)
     assert cb["lr_seen"][0] == pytest.approx(LR, rel=1e-5)
     assert cb["final_lr"] == pytest.approx(LR * 0.9 ** EPOCHS * 0.5 ** (EPOCHS - 1), rel=1e-4), cb

@@ -125,6 +125,8 @@ TYPED = {
     "at_step": st.integers(0, 4), "incarnation": st.integers(0, 3), "epoch": st.integers(0, 3), "joined": st.booleans(),
     "logs": st.dictionaries(st.sampled_from(["loss", "accuracy", "val_loss"]), st.floats(-5, 5), max_size=3),
     "key": st.sampled_from(["t", "a", "zzz"]), "learning_rate": st.floats(0, 1),
+    "seq": st.integers(0, 3), "name": st.sampled_from(["reduce", "barrier:saved"]),
+    "values": st.lists(st.floats(-5, 5), max_size=3),
     "sparse": st.lists(st.sampled_from(["a", "b", "zzz"]), unique=True, max_size=2),
     "also": st.lists(st.sampled_from(["t", "a", "zzz"]), max_size=3),
     "tables": st.one_of(st.just(TABLES), st.just([]), st.just([{**TABLES[0], "dim": 3}]),
@@ -136,7 +138,9 @@ MALFORMED = {
     "base_version": count, "min_state_step": count, "timeout_s": garbage, "specs": spec_list,
     "policy": policy_spec, "num_workers": count, "nonfinite": garbage, "excluded": id_list, "drain": id_list,
     "undrain": id_list, "gone": id_list, "total_batches": count, "brief": garbage, "reset": garbage, "at_step": count, "incarnation": count, "sparse": key_list, "also": key_list,
-    "key": garbage, "learning_rate": garbage, "tables": garbage,
+    "key": garbage, "learning_rate": garbage, "tables": garbage, "seq": count,
+    "name": st.one_of(garbage, st.just(""), st.just("x" * 300)),
+    "values": st.one_of(garbage, st.just([float("nan")]), st.just([10**400]), st.just([True])),
     "epoch": count, "joined": garbage, "logs": st.one_of(garbage, st.just({"loss": float("nan")}), st.just({"loss": 10**400}),
                                       st.just({"": 1.0}), st.just({"loss": True})),
 }
@@ -155,10 +159,11 @@ METHOD_FIELDS = {
     "PushRows": ["worker", "key", "learning_rate", "step", "incarnation", "also"],
     "WriteRows": ["worker", "key", "incarnation"],
     "EpochLogs": ["worker", "epoch", "logs", "joined"],
+    "Rendezvous": ["worker", "seq", "name", "values"],
 }
 assert set(METHOD_FIELDS) == set(METHODS)
 #: Fields a method's parser requires (drawn always, so most requests reach the store).
-REQUIRED = {"worker", "specs", "step", "excluded", "key", "epoch", "logs"}
+REQUIRED = {"worker", "specs", "step", "excluded", "key", "epoch", "logs", "seq", "name"}
 
 
 @st.composite
@@ -249,6 +254,9 @@ def test_a_refused_request_changes_nothing_and_the_store_keeps_serving(kind, req
         if method == "EpochLogs" and "logs are counted" in str(e):
             # Not a refusal either: the logs were reported; only the wait for the other workers ran out.
             assert e.grpc_code == "ABORTED" and meta["worker"] in store.state()["epoch_reports"][meta["epoch"]]
+        elif method == "Rendezvous" and "arrival is counted" in str(e):
+            # Not a refusal: the worker arrived (and was heard from); only the wait for the others ran out.
+            assert e.grpc_code == "ABORTED"
         elif method == "PushGradients" and "gradient is counted" in str(e):
             # Not a refusal: the gradient was accepted; only the wait for the rest of the step ran out.
             assert e.grpc_code == "ABORTED" and meta["worker"] in store.state()["contributors"]

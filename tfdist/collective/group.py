@@ -42,7 +42,7 @@ from tfdist.collective.membership import GroupSpec, peers_in_message, resolve_gr
 
 __all__ = [
     "WorkerGroup", "init_worker_group", "get_worker_group", "subgroup_key", "DEFAULT_TIMEOUT_S", "GROUP_KEY",
-    "MAX_SUBGROUP_WORKERS", "PURPOSE_EXCHANGE", "PURPOSE_GRADIENTS",
+    "MAX_SUBGROUP_WORKERS", "PURPOSE_EXCHANGE", "PURPOSE_GRADIENTS", "PURPOSE_REDUCE",
 ]
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ MAX_SUBGROUP_WORKERS = 24
 PURPOSE_EXCHANGE = 0
 #: ``purpose`` of :func:`subgroup_key`: in-graph gradient all-reduce of a member set.
 PURPOSE_GRADIENTS = 1
+#: ``purpose`` of :func:`subgroup_key`: ``strategy.reduce`` of a script (in or out of a graph).
+PURPOSE_REDUCE = 2
 _SUBGROUP_BASE = 1 << 26
 
 

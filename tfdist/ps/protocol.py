@@ -98,6 +98,7 @@ __all__ = [
     "LookupRequest",
     "PushRowsRequest",
     "EpochLogsRequest",
+    "RendezvousRequest",
     "TableShard",
     "method_of",
     "parse",
@@ -446,6 +447,35 @@ class EpochLogsRequest:
                    f.flag("joined", False))
 
 
+@dataclass(frozen=True)
+class RendezvousRequest:
+    """A worker's ``seq``-th ``strategy.barrier``/``strategy.reduce`` (PS task 0; ``tfdist.ps._rendezvous``).
+
+    ``values``: the numbers to sum over the workers (none for a barrier).
+    Waits (bounded) until every live worker arrived; reply: the sums.
+    """
+
+    worker: int
+    seq: int
+    name: str
+    values: tuple[float, ...] = ()
+
+    def to_wire(self):
+        return {"worker": self.worker, "seq": self.seq, "name": self.name, "values": list(self.values)}, {}
+
+    @classmethod
+    def parse(cls, f: _Fields, tensors):
+        _no_tensors("Rendezvous", tensors)
+        name, values = f.get("name"), f.get("values", [])
+        if not isinstance(name, str) or not 0 < len(name) <= 256:
+            raise f._fail("name", name, "a name of 1 to 256 characters")
+        if not isinstance(values, list) or len(values) > MAX_LOG_ENTRIES or not all(
+                not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+                and -MAX_LOSS <= v <= MAX_LOSS for v in values):
+            raise f._fail("values", values, f"a list of at most {MAX_LOG_ENTRIES} finite numbers")
+        return cls(f.worker(), f.int("seq", 0, MAX_COUNT), name, tuple(float(v) for v in values))
+
+
 _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "Init": InitRequest.parse,
     "Extend": ExtendRequest.parse,
@@ -468,6 +498,7 @@ _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
     "PushRows": PushRowsRequest.parse,
     "WriteRows": WriteRowsRequest.parse,
     "EpochLogs": EpochLogsRequest.parse,
+    "Rendezvous": RendezvousRequest.parse,
 }
 
 #: Methods of :data:`SERVICE` (every request and reply is a :mod:`tfdist.wire` message).

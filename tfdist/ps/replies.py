@@ -26,7 +26,8 @@ from tfdist.ps.protocol import ProtocolError, short
 __all__ = [
     "InitReply", "ExtendReply", "WaitInitReply", "PullReply", "PushReply", "PushPullReply", "GradientsReply", "PutStateReply",
     "SetExcludedReply", "LiveWorkersReply", "StatusReply", "DoneReply", "ShutdownReply", "ControlReply",
-    "CheckpointReply", "RestoreReply", "LookupReply", "PushRowsReply", "WriteRowsReply", "EpochLogsReply", "REPLIES",
+    "CheckpointReply", "RestoreReply", "LookupReply", "PushRowsReply", "WriteRowsReply", "EpochLogsReply", "RendezvousReply",
+    "REPLIES",
     "parse_reply",
 ]
 
@@ -41,6 +42,8 @@ def _check(cls_name: str, name: str, value: Any, kind: str) -> Any:
         "opt_str": lambda v: v is None or isinstance(v, str),
         "ints": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool)
                                                                 for x in v),
+        "floats": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                                 for x in v),
         "strs": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
         "numbers": lambda v: isinstance(v, Mapping) and all(
             isinstance(k, str) and isinstance(x, (int, float)) and not isinstance(x, bool) for k, x in v.items()),
@@ -50,6 +53,8 @@ def _check(cls_name: str, name: str, value: Any, kind: str) -> Any:
                             "server the same tfdist version?")
     if kind == "numbers":
         return {k: float(x) for k, x in value.items()}
+    if kind == "floats":
+        return tuple(float(x) for x in value)
     return tuple(value) if kind in ("ints", "strs") else value
 
 
@@ -339,6 +344,15 @@ class EpochLogsReply(_Reply):
 
 
 @dataclass(frozen=True)
+class RendezvousReply(_Reply):
+    """``Rendezvous``: the element-wise sums of the values of ``workers`` (see ``tfdist.ps._rendezvous``)."""
+
+    sums: tuple[float, ...]
+    workers: tuple[int, ...]
+    _KINDS = _kinds(sums="floats", workers="ints")
+
+
+@dataclass(frozen=True)
 class StatusReply:
     """``Status``: a PS task's counters, membership, policy and checkpoints (JSON-able, shown to users as is).
 
@@ -383,6 +397,7 @@ REPLIES = {
     "Heartbeat": LiveWorkersReply, "Status": StatusReply, "Done": DoneReply, "Leave": LiveWorkersReply,
     "Shutdown": ShutdownReply, "Control": ControlReply, "Checkpoint": CheckpointReply, "Restore": RestoreReply,
     "Lookup": LookupReply, "PushRows": PushRowsReply, "WriteRows": WriteRowsReply, "EpochLogs": EpochLogsReply,
+    "Rendezvous": RendezvousReply,
 }
 
 

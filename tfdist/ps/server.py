@@ -192,6 +192,11 @@ class ParameterService:
     def _rpc_EpochLogs(self, req: protocol.EpochLogsRequest, budget, cancelled):
         return self.store.epoch_logs(req, budget, cancelled)
 
+    def _rpc_Rendezvous(self, req: protocol.RendezvousRequest, budget, cancelled):
+        from tfdist.ps._rendezvous import rendezvous
+
+        return rendezvous(self.store, req, budget, cancelled)
+
     def _rpc_Restore(self, req: protocol.RestoreRequest, budget, cancelled):
         self.store.check_path(req.worker, "gradient")  # a roll-back is the gradient path's recovery
         if self.checkpointer is None:

@@ -48,6 +48,7 @@ from tfdist.consistency.base import ConsistencyPolicy, PolicyContext
 from tfdist.ps import _shard_state
 from tfdist.ps._barrier import AGGREGATE_HISTORY, GradientBarrier
 from tfdist.ps._epoch_logs import EpochLogBarrier
+from tfdist.ps._rendezvous import Rendezvous
 from tfdist.ps._gradient_requests import GradientPathRequests
 from tfdist.ps._membership import Membership
 from tfdist.ps._table_requests import TableRequests
@@ -127,6 +128,7 @@ class ParameterStore(UpdatePathRequests, GradientPathRequests, TableRequests):
         self.variables = DenseVariables()
         self.barrier = GradientBarrier()
         self.epoch_logs_barrier = EpochLogBarrier()
+        self.rendezvous = Rendezvous()  # strategy.barrier / strategy.reduce across workers (not checkpointed)
         self.table_shards = TableShards()
         #: Identifies this run of the PS task's state: random per start, new after a reset or a
         #: roll-back (replies carry it; a worker that sees it change re-syncs).

@@ -39,11 +39,13 @@ import tensorflow as tf
 from tfdist import constants
 from tfdist._tf_compat import (StrategyBase, in_xla_compilation, is_loss_scale_check, keras_variable_owner,
                                refuse_legacy_keras)
-from tfdist.collective import (DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, CollectiveSetupError, WorkerGroup,
-                               get_worker_group, init_worker_group)
+from tfdist.strategies._worker_files import install as install_worker_files
+from tfdist.collective import (DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, PURPOSE_REDUCE, CollectiveError,
+                               CollectiveSetupError, WorkerGroup, get_worker_group, init_worker_group)
 from tfdist.collective.group import _training_tasks
 from tfdist.data.symbolic_build import build_from_element_spec
 from tfdist.errors import ConfigError
+from tfdist.strategies._contract import barrier_code, cluster_resolver, is_chief_task, reduce_over_axis
 from tfdist.strategies._derived_state import DerivedStateLayers
 from tfdist.strategies._input_context import with_input_context, worker_input_context
 from tfdist.strategies._steps import StepExtended
@@ -83,6 +85,8 @@ class _AllReduceRuntime(StragglerEngine):
         #: Layers computing with tensors derived from their variables (Normalization): kept in step after a resync.
         self.derived = DerivedStateLayers()
         self.step = 0  # training steps begun, members or not (the same count on every worker)
+        #: ``variables[:synced]`` started from worker 0's values; the rest are copied before the next training step.
+        self.synced = 0
         self.stats = {"steps": 0, "skipped": 0, "partial_steps": 0, "resyncs": 0, "resync_s": 0.0, "wait_s": 0.0}
         self._lock = threading.Lock()
         self._begun = 0.0
@@ -100,12 +104,15 @@ class _AllReduceRuntime(StragglerEngine):
         if not training:
             return True
         step, self.step = self.step, self.step + 1
-        if step == 0 and self.size > 1 and len(self.members) > 1:
-            # Every member starts from worker 0's training state, as the PS strategies start from the
-            # chief's: weights it loaded or statistics it adapted alone reach everyone, and the workers
-            # need not seed their initialisers alike.
+        new, self.synced = self.variables[self.synced:], len(self.variables)
+        if new and self.size > 1 and len(self.members) > 1 and self.worker_id in self.members:
+            # Every member starts each variable from worker 0's (the lowest member's) value before its first
+            # training step, as the PS strategies start from the chief's: weights it loaded or statistics it
+            # adapted alone reach everyone, the workers need not seed their initialisers alike, and a model
+            # (or optimizer) built after the first step is copied before its own first step. Every worker
+            # counts the variables alike (a left-out worker gets everything when it is re-admitted).
             source = min(self.members)
-            self.resync(source, self.members - {source})
+            self.resync(source, self.members - {source}, new)
         self._wait = 0.0
         self._reduce_start = None
         if self.worker_id not in self.members:
@@ -151,12 +158,13 @@ class _AllReduceRuntime(StragglerEngine):
             self.resync(participation.source, participation.joined)
         self.members = frozenset(participation.members)
 
-    def resync(self, source: int, joined) -> None:
-        """Copies the training state (weights, optimizer state) of ``source`` to the ``joined`` workers."""
+    def resync(self, source: int, joined, variables: list[tf.Variable] | None = None) -> None:
+        """Copies the training state (weights, optimizer state; or ``variables``) of ``source`` to ``joined``."""
         start = time.perf_counter()
         group = frozenset(joined) | {source}
+        variables = self.variables if variables is None else variables
         by_dtype: dict[str, list[tf.Variable]] = {}
-        for v in self.variables:
+        for v in variables:
             by_dtype.setdefault(v.dtype.name, []).append(v)
         for dtype, variables in sorted(by_dtype.items()):
             sizes = [int(np.prod(v.shape)) for v in variables]
@@ -176,7 +184,7 @@ class _AllReduceRuntime(StragglerEngine):
         self.stats["resyncs"] += 1
         self.stats["resync_s"] += time.perf_counter() - start
         logger.info("worker %d: training state of worker %d copied to %s (%d variables, %.3f s)", self.worker_id,
-                    source, sorted(joined), len(self.variables), time.perf_counter() - start)
+                    source, sorted(joined), len(variables), time.perf_counter() - start)
 
 
 class AllReduceExtended(StepExtended):
@@ -195,6 +203,29 @@ class AllReduceExtended(StepExtended):
         runtime = self._runtime
         context = worker_input_context(runtime.size, runtime.worker_id, runtime.size)
         return super()._distribute_datasets_from_function(with_input_context(dataset_fn, context), options)
+
+    def _reduce(self, reduce_op, value):
+        """``strategy.reduce(op, value, axis=None)``: ``value`` summed (or averaged) over every worker of the job.
+
+        One collective all-reduce over the whole group (left-out stragglers
+        too: the script calls it on every worker), in or out of ``tf.function``.
+        """
+        runtime = self._runtime
+        value = tf.convert_to_tensor(value)
+        if runtime.size == 1:
+            return value
+        if value.dtype not in (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64):
+            raise TypeError(f"AllReduceStrategy.reduce reduces float and int32/int64 tensors. Received: a tensor of "
+                            f"dtype {value.dtype.name}. Cast it first (e.g. tf.cast(value, tf.float32)).")
+        group = runtime.group
+        size, key, instance = tf.py_function(lambda: [np.int32(x) for x in group.reserve(None, PURPOSE_REDUCE)], [],
+                                             [tf.int32, tf.int32, tf.int32], name="tfdist_reduce_params")
+        with tf.device(self._device):
+            out = tf.raw_ops.CollectiveReduceV2(
+                input=value, group_size=size, group_key=key, instance_key=instance, ordering_token=[],
+                merge_op="Add", final_op="Div" if reduce_op == tf.distribute.ReduceOp.MEAN else "Id",
+                timeout_seconds=runtime.timeout_s)
+        return tf.ensure_shape(tf.reshape(out, tf.shape(value)), value.shape)
 
     def _create_variable(self, next_creator, **kwargs):
         refuse_legacy_keras()
@@ -296,16 +327,23 @@ class AllReduceExtended(StepExtended):
         def run():
             result = self._on_replica(fn, args, kwargs)
             traced["result"] = result
-            return result
+            leaves = tf.nest.flatten(result)
+            traced["tensor"] = [tf.is_tensor(t) and not isinstance(t, tf.Variable) for t in leaves]
+            # Only tensors pass through the cond (``None``, Python values and variables are returned as traced);
+            # the first output keeps the cond's output list non-empty.
+            return [tf.constant(True)] + [t for t, is_t in zip(leaves, traced["tensor"]) if is_t]
 
         def skip():  # a worker left out of this step computes nothing (the values are placeholders)
             # Unknown dimensions (a predict batch) become 0: the branches' shapes merge to the unknown one.
-            return tf.nest.map_structure(
-                lambda t: tf.zeros([0 if d is None else d for d in t.shape.as_list()], t.dtype), traced["result"])
+            leaves = tf.nest.flatten(traced["result"])
+            return [tf.constant(False)] + [tf.zeros([0 if d is None else d for d in t.shape.as_list()], t.dtype)
+                                           for t, is_t in zip(leaves, traced["tensor"]) if is_t]
 
-        result = tf.cond(member, run, skip)
+        outputs = iter(tf.cond(member, run, skip)[1:])
         trace["training"] = self._tracing_training_step
-        return result
+        leaves = [next(outputs) if is_t else t
+                  for t, is_t in zip(tf.nest.flatten(traced["result"]), traced["tensor"])]
+        return tf.nest.pack_sequence_as(traced["result"], leaves)
 
 
 class AllReduceStrategy(StrategyBase):
@@ -405,6 +443,11 @@ class AllReduceStrategy(StrategyBase):
         self._runtime = _AllReduceRuntime(group, bool(exclude_stragglers), slowdown,
                                           timeout_s if timeout_s is not None else group.timeout_s or DEFAULT_TIMEOUT_S)
         super().__init__(AllReduceExtended(self, self._runtime))
+        install_worker_files()  # the stock callbacks' files: the chief's are the job's (tfdist.strategies._worker_files)
+        me = group.spec.me
+        self._chief = is_chief_task(group.spec.jobs(), me.job, me.index)
+        self.extended.set_job(group.worker_id, self._chief, cluster_resolver(group.spec.jobs(), me.job, me.index),
+                              (group.size, group.worker_id))
         build_from_element_spec(self)  # no throwaway iterator in Keras's build (a SIGSEGV in TF 2.21 at times)
         # A launched task of a job: a hang inside fit ends the task with its stacks, not never (a program that
         # builds groups itself, e.g. a test, is not a task and keeps its process to itself).
@@ -417,6 +460,56 @@ class AllReduceStrategy(StrategyBase):
     def straggler_engine(self) -> StragglerEngine:
         """What :class:`tfdist.callbacks.StragglerDetector` drives (found through ``model.distribute_strategy``)."""
         return self._runtime
+
+    @property
+    def is_chief(self) -> bool:
+        """True on the task that should save models and write summaries (``chief``, else worker 0)."""
+        return self._chief
+
+    def reduce(self, reduce_op, value, axis=None):
+        """``value`` reduced across the job's workers (and over ``axis``), as under MultiWorkerMirroredStrategy.
+
+        Every worker must call it, in the same order as its other collectives
+        (it is one all-reduce over every worker, bounded by ``timeout_s``).
+        Works in and out of ``tf.function``.
+
+        Args:
+            reduce_op: ``"SUM"``/``"MEAN"`` or a ``tf.distribute.ReduceOp``.
+            value: This worker's value (what ``strategy.run`` returned).
+            axis: Also reduce over this dimension of ``value`` (e.g. the
+                batch); a MEAN then divides by the job's number of elements.
+                Defaults to ``None``: across workers only.
+        """
+        return reduce_over_axis(self.extended._reduce, reduce_op, value, axis)  # pylint: disable=protected-access
+
+    def barrier(self, name: str, timeout_s: float | None = None) -> None:
+        """Waits until every worker of the job reached the barrier ``name`` (a collective, bounded).
+
+        For scripts that save on the chief and load everywhere:
+
+        ```python
+        if strategy.is_chief:
+            model.save(path)
+        strategy.barrier("saved")
+        model = keras.models.load_model(path)
+        ```
+
+        Args:
+            name: The barrier's name: every worker must wait at the same
+                barriers in the same order (a different name raises).
+            timeout_s: How long to wait. Defaults to the strategy's ``timeout_s``.
+
+        Raises:
+            tfdist.collective.CollectiveTimeoutError: A worker did not arrive in time.
+            tfdist.collective.CollectiveError: Workers waited at barriers of different names.
+        """
+        code = barrier_code(name)
+        codes = self._runtime.group.all_gather([float(code)], timeout_s=timeout_s or self._runtime.timeout_s)
+        if any(int(c) != code for c in codes[:, 0]):
+            raise CollectiveError(
+                f"Worker {self.worker_id} waited at barrier {name!r} while other workers waited at other barriers "
+                f"(name codes {[int(c) for c in codes[:, 0]]}; this one is {code}). Every worker must call "
+                "strategy.barrier with the same names in the same order.")
 
     @property
     def last_step_wait_seconds(self) -> float:

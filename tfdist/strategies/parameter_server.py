@@ -41,6 +41,9 @@ from tfdist.errors import ConfigError
 from tfdist.ps.placement import PlacementPlan
 from tfdist.straggler.events import StragglerListener
 from tfdist.straggler.membership import StragglerEngine
+from tfdist.strategies._worker_files import install as install_worker_files
+from tfdist.strategies._contract import cluster_resolver, reduce_over_axis
+from tfdist.strategies._job_meeting import JobMeeting
 from tfdist.strategies._job_logs import install_job_epoch_logs
 from tfdist.strategies._ps_extended import ParameterServerExtended, install_plain_batch_results
 from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter
@@ -171,7 +174,14 @@ class ParameterServerStrategy(StrategyBase):
             install_resident_embeddings()
         install_plain_batch_results()  # train_on_batch's list without the ps_* statistics, as plain Keras
         install_job_epoch_logs()  # BSP/SyncReplicas: callbacks see the job's epoch logs
+        install_worker_files()  # the stock callbacks' files: the chief's are the job's (tfdist.strategies._worker_files)
         super().__init__(ParameterServerExtended(self, self._runtime))
+        self._meeting = JobMeeting(self._runtime)  # strategy.barrier, the gradient path's strategy.reduce
+        # Gradient path: the workers are one sync group (replica id = worker id); update path: each its own.
+        me = self._runtime.worker_id
+        self.extended.set_job(me if self._runtime.num_replicas > 1 and me > 0 else 0, self._runtime.is_chief,
+                              cluster_resolver(config.cluster.jobs(), task.job, task.index),
+                              (config.cluster.num_workers, me) if me >= 0 else (1, 0))  # evaluator: one pipeline
         # Keras builds from the dataset's element spec: no throwaway iterator (a SIGSEGV in TF 2.21 at times).
         build_from_element_spec(self)
         atexit.register(self._at_exit)
@@ -237,6 +247,26 @@ class ParameterServerStrategy(StrategyBase):
     @property
     def task(self) -> TaskSpec:
         return self._runtime.task
+
+    def reduce(self, reduce_op, value, axis=None):
+        """``value`` reduced across the replicas in sync (and over ``axis``), as under MultiWorkerMirroredStrategy.
+
+        BSP, SyncReplicas: SUM/MEAN over every live worker, in and out of
+        ``tf.function`` (met on PS task 0: every worker calls it in the same
+        order as its other ``reduce``/``barrier`` calls). Async, SSP, DTSSP:
+        each worker is a sync group of one replica: this worker's value.
+        ``axis``: also reduce over this dimension (a MEAN divides by the count).
+        """
+        return reduce_over_axis(self._meeting.reduce_across, reduce_op, value, axis)
+
+    def barrier(self, name: str, timeout_s: float | None = None) -> None:
+        """Waits (up to ``timeout_s``, default ``ps.rpc_timeout_s``) until every live worker reached barrier ``name``.
+
+        E.g. the chief saves, ``strategy.barrier("saved")``, every worker
+        loads. Every worker waits at the same barriers in the same order (a
+        different name raises); an evaluator does not take part.
+        """
+        self._meeting.barrier(name, timeout_s)
 
     def placement(self) -> PlacementPlan:
         """The variable → PS task map (same on every worker of a job)."""
@@ -448,6 +478,7 @@ class ParameterServerStrategy(StrategyBase):
         """
         # An in-process PS needs no "done" message (and may already be gone).
         self._runtime.close(done=done and self._local_server is None)
+        self._meeting.close()
         if self._local_server is not None:
             self._local_server.stop(0)
             self._local_server = None

@@ -139,32 +139,39 @@ def run_mode(mode, strategy, out, me, data):
     dist = strategy.distribute_datasets_from_function(dataset_fn)
     fitted("datasets_from_function", model.fit(dist, steps_per_epoch=STEPS, epochs=1, verbose=0))
 
-    # The common callbacks, together in one fit with validation.
-    best = os.path.join(work, "best.keras")
+    # The common callbacks, together in one fit with validation, on the same paths on every worker of the job
+    # (as the tutorials write them): the chief's files are the job's, the others write to temporary places.
+    shared = work if mode == "lone" else os.path.join(out, f"{mode}-shared")  # "lone": a job per worker
+    os.makedirs(shared, exist_ok=True)
+    best = os.path.join(shared, "best.keras")
     lr_seen = []
     callbacks = [
         keras.callbacks.ModelCheckpoint(best, monitor="val_loss", save_best_only=True),
-        keras.callbacks.BackupAndRestore(os.path.join(work, "backup")),
+        keras.callbacks.BackupAndRestore(os.path.join(shared, "backup")),
         keras.callbacks.EarlyStopping("val_loss", patience=EPOCHS, restore_best_weights=True),
-        keras.callbacks.TensorBoard(os.path.join(work, "tb")),
+        keras.callbacks.TensorBoard(os.path.join(shared, "tb")),
         # never an improvement after the first epoch (min_delta): halves the rate at every later epoch end
         keras.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0, min_delta=100.0),
         keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr_seen.append(float(lr)) or lr * 0.9),
-        keras.callbacks.CSVLogger(os.path.join(work, "log.csv")),
+        keras.callbacks.CSVLogger(os.path.join(shared, "log.csv")),
     ]
     history = model.fit(ds, steps_per_epoch=STEPS, epochs=EPOCHS, validation_data=(xt, yt), verbose=0,
                         callbacks=callbacks)
     val = [float(v) for v in history.history["val_loss"]]
     stop = callbacks[2]
     predictions = model.predict(xt, verbose=0)  # a read after EarlyStopping restored the best weights
+    strategy.barrier("callbacks-done")  # the chief's fit (and its files) are complete on every worker
     loaded_best = keras.models.load_model(best)
-    with open(os.path.join(work, "log.csv")) as f:
+    with open(os.path.join(shared, "log.csv")) as f:
         csv_rows = f.read().strip().splitlines()
+    from tfdist.strategies._worker_files import _root as temp_root
     cases["callbacks"] = {
         "epochs": len(history.history["loss"]), "val_loss": val, "best_epoch": stop.best_epoch,
         "best_equals_restored": float(np.max(np.abs(loaded_best.predict(xt, verbose=0) - predictions))),
-        "backup_left": os.path.exists(os.path.join(work, "backup")),
-        "tensorboard_events": len(glob.glob(os.path.join(work, "tb", "train", "events.out.tfevents.*"))),
+        "backup_left": os.path.exists(os.path.join(shared, "backup")),
+        "tensorboard_events": len(glob.glob(os.path.join(shared, "tb", "train", "events.out.tfevents.*"))),
+        "temp_left": sorted(os.listdir(temp_root)) if temp_root and os.path.isdir(temp_root) else [],
+        "paths_restored": [callbacks[0].filepath == best, callbacks[3].log_dir == os.path.join(shared, "tb")],
         "lr_seen": lr_seen, "final_lr": float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)),
         "csv_rows": len(csv_rows) - 1, "csv_header": csv_rows[0],
     }

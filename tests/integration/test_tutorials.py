@@ -1,0 +1,110 @@
+"""TensorFlow's distributed-training tutorials, as written, on tfdist strategies (``examples/tutorials/``, issue #25).
+
+Each tutorial keeps the tutorial's code; only the strategy line, the launch
+(``LocalCluster``: 2 real worker processes on 127.0.0.1, plus one PS task for
+the parameter-server strategies) and the data (8x8 digits, offline) differ,
+and the sizes are small. Each is asserted on what it prints (recorded beside
+each ``print``): the loss falls, the reduced loss is the job's (compared
+against MultiWorkerMirroredStrategy running the same code), the checkpoint
+the chief wrote loads and training resumes from it.
+"""
+
+import json
+import os
+
+import pytest
+
+from tfdist.testing import LocalCluster
+
+pytestmark = pytest.mark.timeout(600)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TUTORIALS = os.path.join(ROOT, "examples", "tutorials")
+
+
+def run_tutorial(script, strategy, work, epochs, tag, **extra_env):
+    """Runs ``script`` on 2 workers (+1 PS for PS strategies); returns each worker's recorded rows."""
+    ps = 0 if strategy in ("mwms", "all_reduce") else 1
+    env = {f"worker:{i}": {"TUTORIAL_STRATEGY": strategy, "TUTORIAL_DIR": str(work), "TUTORIAL_EPOCHS": str(epochs),
+                           "TUTORIAL_OUT": str(work / f"{tag}-worker-{i}.json"), **extra_env} for i in (0, 1)}
+    with LocalCluster(workers=2, ps=ps, env=env, log_dir=str(work / f"logs-{tag}")) as cluster:
+        cluster.start(os.path.join(TUTORIALS, script))
+        try:
+            cluster.wait(300)
+        finally:
+            logs = {t: cluster.log(t)[-2500:] for t in ("worker:0", "worker:1")}
+    rows = []
+    for i in (0, 1):
+        path = work / f"{tag}-worker-{i}.json"
+        assert path.exists(), logs
+        rows.append(json.loads(path.read_text()))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def ctl_reference(tmp_path_factory):
+    """The custom-training-loop tutorial under MultiWorkerMirroredStrategy (2 epochs)."""
+    work = tmp_path_factory.mktemp("ctl-mwms")
+    return run_tutorial("custom_training_loop.py", "mwms", work, 2, "run")
+
+
+#: One strategy per tutorial runs by default; the others are slow (test_tf_distribute_contract and
+#: test_keras_matrix cover what they add in the default run).
+CTL = [pytest.param("all_reduce"), pytest.param("bsp", marks=pytest.mark.slow),
+       pytest.param("async", marks=pytest.mark.slow)]
+FIT = [pytest.param("bsp"), pytest.param("all_reduce", marks=pytest.mark.slow),
+       pytest.param("async", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("strategy", CTL)
+def test_custom_training_loop_tutorial(tmp_path, strategy, ctl_reference):
+    first = run_tutorial("custom_training_loop.py", strategy, tmp_path, 2, "first")
+    for rows in first:
+        assert rows[0] == {"restored_epoch": 0, "task": rows[0]["task"]}, rows
+        epochs = [r for r in rows if "epoch" in r]
+        assert [r["epoch"] for r in epochs] == [0, 1], rows
+        assert epochs[1]["train_loss"] < epochs[0]["train_loss"], rows  # it learns
+    if strategy in ("all_reduce", "bsp"):
+        # strategy.reduce(SUM) of the per-replica losses is the job's: the same number on both workers, and
+        # the job's mean loss (MultiWorkerMirroredStrategy's scale), not half of it.
+        losses = [[r["train_loss"] for r in rows if "epoch" in r] for rows in first]
+        assert losses[0] == losses[1], losses
+        reference = [r["train_loss"] for r in ctl_reference[0] if "epoch" in r]
+        assert losses[0][0] == pytest.approx(reference[0], rel=0.15), (losses, reference)
+    # Run again in the same place with one more epoch: every worker resumes from the chief's checkpoint.
+    second = run_tutorial("custom_training_loop.py", strategy, tmp_path, 3, "second")
+    for rows in second:
+        # The checkpoint of the last epoch (1) is saved before the tutorial counts it done: epoch 1 has no
+        # batches left, and epoch 2 trains.
+        assert rows[0]["restored_epoch"] == 1, rows
+        assert [(r["epoch"], r["batches"]) for r in rows if "epoch" in r] == [(1, 0), (2, 8)], rows
+    # worker 1 wrote its checkpoints under workertemp_1 (the tutorial's write_filepath) and removed them
+    assert os.listdir(tmp_path / "workertemp_1") == [], os.listdir(tmp_path / "workertemp_1")
+    assert sorted(os.listdir(tmp_path / "ckpt"))[0] == "checkpoint", os.listdir(tmp_path / "ckpt")  # the chief's
+
+
+@pytest.mark.parametrize("strategy", FIT)
+def test_keras_fit_tutorial(tmp_path, strategy):
+    """fit with BackupAndRestore and ModelCheckpoint on shared paths, a failure, a resume, save/barrier/load."""
+    first = run_tutorial("keras_fit.py", strategy, tmp_path, 3, "first", TUTORIAL_FAIL_AFTER_EPOCH="1")
+    for rows in first:
+        assert rows == [{"stopped": "simulated failure after epoch 1"}], rows
+    assert os.path.exists(tmp_path / "backup"), os.listdir(tmp_path)  # the chief's backup of epoch 1
+    second = run_tutorial("keras_fit.py", strategy, tmp_path, 3, "second")
+    for rows in second:
+        assert rows[0]["epochs"] == [2], rows  # every worker resumed from the chief's backup
+        assert all(v == v for v in rows[0]["loss"] + rows[1]["loaded_fit_loss"]), rows  # finite
+        assert rows[1]["files"] == ["keras-model.keras"], rows  # the chief's model; the tutorial removed its temp dir
+    # Only the chief wrote the shared paths; the backup was deleted after the finished fit.
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["best.keras"], os.listdir(tmp_path / "ckpt")
+    assert not os.path.exists(tmp_path / "backup"), os.listdir(tmp_path / "backup")
+
+
+def test_keras_guide_resume_tutorial(tmp_path):
+    """The Keras guide's run_training() twice in one process: new strategy and model, resumed from the checkpoint."""
+    rows = run_tutorial("keras_guide_resume.py", "all_reduce", tmp_path, 1, "run")
+    for worker in rows:
+        assert worker[0] == {"restored": None} and worker[2] == {"restored": "ckpt-1.keras"}, worker
+        assert worker[4] == {"checkpoints": ["ckpt-1.keras"]}, worker  # the chief's only
+    for run in (1, 3):  # both workers end every run as one model (a model built later starts from worker 0's)
+        assert rows[0][run]["weights_sum"] == rows[1][run]["weights_sum"], (rows[0][run], rows[1][run])
