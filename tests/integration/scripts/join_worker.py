@@ -55,6 +55,8 @@ def run_mode(mode, strategy, out, me, data):
         other.compile(keras.optimizers.SGD(0.01), "mse")
     other.fit(x, (y % 2).astype("float32"), batch_size=32, epochs=1, shuffle=False, verbose=0)
 
+    strategy.pull()  # this worker's last update lands (under async its last exchange may still travel)
+    strategy.barrier("trained")  # every worker's has landed: from here on both read the same values
     strategy.pull()
     batch = x[:16]
     result = {"mode": mode, "worker": me, "keys_first": keys_first,
