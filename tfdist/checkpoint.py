@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tfdist.consistency.modes import exchange_path
 from tfdist.errors import TfdistError
 from tfdist.ps import checkpoint as _files
 from tfdist.ps.identity import CanonicalNames
@@ -85,7 +86,7 @@ def read(directory: str, step: int | None = None) -> tuple[CheckpointInfo, dict[
                               f"{directory}.")
         shards.append(ckpt)
     path = shards[0].meta.get("path", "update")
-    if step is None and path == "gradient" and len({c.step for c in shards}) > 1:
+    if step is None and exchange_path(path).steps_are_global and len({c.step for c in shards}) > 1:
         common = _files.common_steps(directory, num_ps)
         if not common:
             raise TfdistError(f"The shards in {directory} hold no common step (newest: "

@@ -11,36 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from tfdist.ps._protocol_fields import (  # noqa: F401
-    SERVICE,
-    MAX_WORKER_ID,
-    MAX_WORKERS,
-    MAX_STEPS_PER_PUSH,
-    MAX_LOSS,
+from tfdist.ps._protocol_fields import (
     MAX_COUNT,
-    MAX_KEY_CHARS,
-    MAX_LOOKUP_TABLES,
-    MAX_ITEMS,
-    MAX_WAIT_S,
-    NONFINITE_POLICIES,
-    RequestError,
     ProtocolError,
     short,
-    _MISSING,
     _Fields,
-    TableShard,
-    _TABLE_FIELDS,
-    _table_shard,
     _row_ids,
     _also_tables,
     _check_key,
-    _spec,
-    check_policy_spec,
-    _no_tensors,
-    _tensor_keys,
-    ROWS_SUFFIX,
     MAX_INCARNATION,
-    _with_incarnation,
 )
 
 
