@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import math
 import struct
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from tfdist.errors import WireFormatError
 
-__all__ = ["encode", "encode_chunks", "decode", "ALLOWED_DTYPES", "MAGIC"]
+__all__ = ["ALIGNMENT", "ALLOWED_DTYPES", "MAGIC", "aligned_empty", "decode", "dtype_name", "encode", "encode_chunks"]
 
 MAGIC = b"TFD1"
 _LEN = struct.Struct("<I")
@@ -51,8 +52,32 @@ ALLOWED_DTYPES = frozenset(
 )
 
 
+#: Byte alignment of :func:`aligned_empty`'s arrays: TensorFlow's (``EIGEN_MAX_ALIGN_BYTES``), so that a
+#: tensor may alias them (``tf.experimental.dlpack``) instead of copying.
+ALIGNMENT = 64
+
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, cached: numpy computes the name in Python on every access (tens of µs)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
+def aligned_empty(shape, dtype=np.float32) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts at a multiple of :data:`ALIGNMENT` bytes."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = (-raw.ctypes.data) % ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def _dtype_name(arr: np.ndarray) -> str:
-    name = arr.dtype.name
+    name = dtype_name(arr.dtype)
     if name not in ALLOWED_DTYPES:
         raise WireFormatError(
             f"Cannot send a tensor of dtype {name!r}. "
@@ -61,12 +86,20 @@ def _dtype_name(arr: np.ndarray) -> str:
     return name
 
 
-def _np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes  # shipped with TensorFlow
+_NP_DTYPES: dict[str, np.dtype] = {}
 
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+
+def _np_dtype(name: str) -> np.dtype:
+    dtype = _NP_DTYPES.get(name)
+    if dtype is None:
+        if name == "bfloat16":
+            import ml_dtypes  # shipped with TensorFlow
+
+            dtype = np.dtype(ml_dtypes.bfloat16)
+        else:
+            dtype = np.dtype(name)
+        _NP_DTYPES[name] = dtype
+    return dtype
 
 
 def encode(

@@ -15,7 +15,8 @@ runs with the store's lock held. No sockets, no TensorFlow.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from tfdist.ps._schema import Field, SchemaError
 from tfdist.ps._waits import StoreError
 from tfdist.ps.placement import VariableSpec
 from tfdist.ps.protocol import NONFINITE_POLICIES, short
+from tfdist.wire import dtype_name
 
 __all__ = ["DenseVariables", "all_finite"]
 
@@ -139,7 +141,7 @@ class DenseVariables:
             spec = self.specs[key]
             if trainable_only and not spec.trainable:
                 raise StoreError(f"{short(key)} is not trainable: gradients cannot be pushed for it.")
-            if value.dtype.name != spec.dtype:
+            if dtype_name(value.dtype) != spec.dtype:
                 raise StoreError(
                     f"Wrong dtype for {short(key)}: received {value.dtype.name}, the variable is {spec.dtype}."
                 )
@@ -153,7 +155,7 @@ class DenseVariables:
         self.check_keys(rows)
         for key, r in rows.items():
             spec, value = self.specs[key], deltas[key]
-            if value.dtype.name != spec.dtype or len(spec.shape) < 1 or tuple(value.shape[1:]) != tuple(spec.shape[1:]):
+            if dtype_name(value.dtype) != spec.dtype or len(spec.shape) < 1 or tuple(value.shape[1:]) != tuple(spec.shape[1:]):
                 raise StoreError(f"Wrong rows for {short(key)}: received {value.dtype.name}{list(value.shape)}, the "
                                  f"variable is {spec.dtype}{list(spec.shape)}.")
             if r.size and (int(r.min()) < 0 or int(r.max()) >= spec.shape[0]):

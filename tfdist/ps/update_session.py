@@ -13,14 +13,15 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Mapping
 
 import numpy as np
 
 from tfdist.consistency.ssp import cache_is_fresh_enough
 from tfdist.errors import PSRejectedError
 from tfdist.ps.session import AUDIT_STEPS, WorkerSession
+from tfdist.wire import aligned_empty
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ class UpdateSession(WorkerSession):
         self.stats["refreshes"] += 1
         return result.corrections
 
-    def _exchange_in_background(self, deltas, loss, clock, snapshot, version, steps: int = 1) -> "_Exchange":
+    def _exchange_in_background(self, deltas, loss, clock, snapshot, version, steps: int = 1) -> _Exchange:
         """One PushPull per PS task; computes the new snapshot and the corrections (no session state touched)."""
         # What every PS task holds after this update if no other update landed:
         # the same float additions the PS makes.
@@ -188,7 +189,9 @@ class UpdateSession(WorkerSession):
         for key in deltas:
             if changed and any(sh.ps in changed for sh in self.plan.shards_of(key)):
                 new_snapshot[key] = fresh[key]
-                corrections[key] = np.subtract(fresh[key], expected[key])
+                # Aligned: the training thread adds it to the variable without a copy (VariableRegistry.add).
+                corrections[key] = np.subtract(fresh[key], expected[key],
+                                               out=aligned_empty(expected[key].shape, expected[key].dtype))
             else:
                 new_snapshot[key] = expected[key]
         return _Exchange(

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -19,6 +20,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 from tfdist.ps.identity import CanonicalNames
 from tfdist.ps.placement import VariableSpec
 from tfdist.strategies._derived_state import DerivedStateLayers
+from tfdist.wire import ALIGNMENT
 
 __all__ = ["VariableRegistry", "is_optimizer_variable"]
 
@@ -50,8 +52,38 @@ def _write(var: tf.Variable, value: np.ndarray, add: bool = False) -> None:
     if handle is None or not tf.executing_eagerly() or tuple(np.shape(value)) != tuple(var.shape):
         (var.assign_add if add else var.assign)(value, read_value=False)
         return
+    if add and _aliasable(value, var):
+        # The addend is read once, synchronously: the op may read the array's memory in place (no copy).
+        gen_resource_variable_ops.assign_add_variable_op(handle, tf.experimental.dlpack.from_dlpack(value.__dlpack__()))
+        return
     op = gen_resource_variable_ops.assign_add_variable_op if add else gen_resource_variable_ops.assign_variable_op
     op(handle, tf.convert_to_tensor(value, dtype=var.dtype))
+
+
+#: Addends at least this large are handed to TensorFlow without a copy when they can be (:func:`_aliasable`).
+ALIAS_MIN_BYTES = 16 * 1024
+
+
+def _aliasable(value, var: tf.Variable) -> bool:
+    """Whether a TensorFlow tensor may alias ``value`` for one ``assign_add`` (never for ``assign``).
+
+    Only for an addend: ``assign`` may keep its input's buffer as the
+    variable's, which must never be an array tfdist writes again. The array
+    must be aligned as TensorFlow requires (:func:`tfdist.wire.aligned_empty`;
+    an unaligned one would abort the process), C-contiguous, of the
+    variable's dtype, on a CPU variable, and the eager op synchronous (it has
+    read the array when it returns).
+    """
+    return (isinstance(value, np.ndarray) and value.nbytes >= ALIAS_MIN_BYTES
+            and value.ctypes.data % ALIGNMENT == 0 and value.flags.c_contiguous
+            and value.dtype == var.dtype.as_numpy_dtype and value.dtype.kind == "f" and value.dtype.itemsize >= 4
+            and "CPU" in var.device.upper() and not _eager_async())
+
+
+def _eager_async() -> bool:
+    from tensorflow.python.eager import context
+
+    return context.is_async()
 
 
 class VariableRegistry:
