@@ -32,13 +32,16 @@ def make_strategy(mode, cluster, me, token, first_ps):
 def run_mode(mode, strategy, out, me, data):
     import keras
 
+    def loss():  # the models end in logits (a probability loss on logits trains erratically)
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
     x, y = data.x_train[:256].reshape(-1, 64), data.y_train[:256]
     keras.utils.set_random_seed(me)  # the workers initialise differently: the job's values must win
     with strategy.scope():
         base = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu", name="hidden")],
                                 name="base")
         model = keras.Sequential([base, keras.layers.Dense(10, name="out")], name="model")
-        model.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy")
+        model.compile(keras.optimizers.SGD(0.05), loss())
     model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     keys_first = [k for k, _, _ in strategy.placement_table()]
 
@@ -46,7 +49,7 @@ def run_mode(mode, strategy, out, me, data):
     with strategy.scope():  # fine-tuning: a new head on the trained base, a fresh optimizer
         head = keras.Sequential([base, keras.layers.Dense(16, activation="relu", name="head_hidden"),
                                  keras.layers.Dense(10, name="head_out")], name="finetune")
-        head.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
+        head.compile(keras.optimizers.Adam(1e-3), loss())
     history = head.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
 
     keras.utils.set_random_seed(20 + me)
