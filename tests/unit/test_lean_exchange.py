@@ -72,13 +72,13 @@ def test_row_sparse_form_always_rebuilds_the_delta(seed):
 def test_an_aligned_addend_is_added_without_a_copy_and_the_variable_never_aliases_it():
     import tensorflow as tf
 
-    from tfdist.strategies._variable_registry import ALIAS_MIN_BYTES, _aliasable, _write
+    from tfdist.strategies._variable_registry import ALIAS_MIN_BYTES, _write, aliasable
 
     shape = (ALIAS_MIN_BYTES // 4, 2)
     var = tf.Variable(np.ones(shape, np.float32))
     addend = wire.aligned_empty(shape)
     addend[...] = 2.0
-    assert _aliasable(addend, var)
+    assert aliasable(addend, var)
     _write(var, addend, add=True)
     addend[...] = 100.0  # the buffer is written again (the next exchange's corrections)
     np.testing.assert_array_equal(var.numpy(), np.full(shape, 3.0, np.float32))
@@ -90,7 +90,7 @@ def test_an_aligned_addend_is_added_without_a_copy_and_the_variable_never_aliase
 def test_arrays_that_tensorflow_must_not_alias_are_copied():
     import tensorflow as tf
 
-    from tfdist.strategies._variable_registry import ALIAS_MIN_BYTES, _aliasable, _write
+    from tfdist.strategies._variable_registry import ALIAS_MIN_BYTES, _write, aliasable
 
     shape = (ALIAS_MIN_BYTES // 4 + 16,)
     var = tf.Variable(np.zeros(shape, np.float32))
@@ -100,11 +100,11 @@ def test_arrays_that_tensorflow_must_not_alias_are_copied():
     small = wire.aligned_empty((4,))
     wrong_dtype = wire.aligned_empty(shape, np.float64)
     strided = wire.aligned_empty((shape[0] * 2,))[::2]
-    assert not _aliasable(unaligned, var)
-    assert not _aliasable(small, tf.Variable(np.zeros(4, np.float32)))
-    assert not _aliasable(wrong_dtype, var)
-    assert not _aliasable(strided, var)
-    assert not _aliasable(list(range(shape[0])), var)
+    assert not aliasable(unaligned, var)
+    assert not aliasable(small, tf.Variable(np.zeros(4, np.float32)))
+    assert not aliasable(wrong_dtype, var)
+    assert not aliasable(strided, var)
+    assert not aliasable(list(range(shape[0])), var)
     unaligned[...] = 1.5
     _write(var, unaligned, add=True)  # copied, added
     np.testing.assert_array_equal(var.numpy(), np.full(shape, 1.5, np.float32))

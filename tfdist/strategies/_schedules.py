@@ -34,7 +34,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,8 +47,16 @@ if TYPE_CHECKING:
 #: schedule; named, not imported, so that the runtime's module stays the only one that imports the other.
 UpdatePathRuntime = Any
 
-__all__ = ["Schedule", "Blocking", "Overlapped", "EveryK", "LocalOnly", "LoneWorker", "choose_schedule",
-           "SINGLE_PROCESS_EXCHANGE_EVERY"]
+__all__ = [
+    "SINGLE_PROCESS_EXCHANGE_EVERY",
+    "Blocking",
+    "EveryK",
+    "LocalOnly",
+    "LoneWorker",
+    "Overlapped",
+    "Schedule",
+    "choose_schedule",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +232,7 @@ def send_overlapped(rt: UpdatePathRuntime, current: Mapping[str, np.ndarray], lo
     rt.registry.written.clear()  # this update carries the local writes (current - base)
     corrections = rt._recovering(lambda: rt.session.end_overlapped(current, loss, steps=steps))
     if corrections:
-        rt.registry.add(corrections)
+        rt.fold(corrections)
 
 
 def choose_schedule(config: JobConfig, policy: ConsistencyPolicy, worker_id: int,

@@ -15,12 +15,20 @@ import logging
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import gen_resource_variable_ops
 
 from tfdist.errors import PSUnavailableError
 from tfdist.ps.session import WorkerSession
 from tfdist.ps.update_session import UpdateSession
 from tfdist.strategies._ps_runtime import PSRuntime
-from tfdist.strategies._schedules import LocalOnly, LoneWorker, Schedule, choose_schedule, send_blocking
+from tfdist.strategies._schedules import (
+    LocalOnly,
+    LoneWorker,
+    Schedule,
+    choose_schedule,
+    send_blocking,
+)
+from tfdist.strategies._variable_registry import aliasable
 
 __all__ = ["UpdatePathRuntime"]
 
@@ -64,6 +72,8 @@ class UpdatePathRuntime(PSRuntime):
         # pull(keep_local_writes=False) can drop the write and keep the steps).
         self._flushing_for_write = False
         self.registry.before_local_write = self._flush_before_local_write
+        #: While a step built to fold in its graph ends: the corrections its outputs carry (see :meth:`fold`).
+        self._graph_fold: dict[str, np.ndarray] | None = None
 
     def _new_session(self, *args, **kwargs) -> WorkerSession:
         return UpdateSession(*args, staleness=self.policy.staleness,
@@ -168,17 +178,64 @@ class UpdatePathRuntime(PSRuntime):
     # ----------------------------------------------------------------- steps
     def build_end_of_step(self, result) -> tf.Tensor:
         loss, has_loss = _loss_input(result)
-        inputs = [v.read_value() for v in self.variables] + [loss]
+        variables = list(self.variables)
+        inputs = [v.read_value() for v in variables] + [loss]
+        # Overlapped: the corrections of the exchange that just landed leave the py_function as outputs
+        # and the step's graph adds them (see fold); other schedules write inside it (VariableRegistry).
+        fold_in_graph = self.schedule.overlapped and bool(variables)
+        keys = [spec.key for spec in self.specs[:len(variables)]]
 
         def end(*tensors):
             held = self._holds_next_step()  # the step stays local: its values are not needed
             current = None if held else [np.asarray(t) for t in tensors[:-1]]
-            self.end_step(current, float(tensors[-1].numpy()) if has_loss and not held else None)
-            return self.step_stats()
+            if not fold_in_graph:
+                self.end_step(current, float(tensors[-1].numpy()) if has_loss and not held else None)
+                return self.step_stats()
+            self._graph_fold = {}
+            try:
+                self.end_step(current, float(tensors[-1].numpy()) if has_loss and not held else None)
+                corrections = self._graph_fold
+            finally:
+                self._graph_fold = None
+            return [self.step_stats(), *self._fold_outputs(corrections, keys, variables)]
 
-        # Fresh values go into the variables inside the py_function (VariableRegistry): it returns
-        # only the statistics, so no per-variable output is converted for nothing.
-        return tf.py_function(end, inputs, tf.float32, name="tfdist_end_update_step")
+        if not fold_in_graph:
+            return tf.py_function(end, inputs, tf.float32, name="tfdist_end_update_step")
+        outputs = tf.py_function(end, inputs, [tf.float32] + [v.dtype for v in variables],
+                                 name="tfdist_end_update_step")
+        folds = [_fold(var, correction) for var, correction in zip(variables, outputs[1:])]
+        with tf.control_dependencies(folds):
+            return tf.identity(outputs[0])
+
+    def fold(self, corrections: dict[str, np.ndarray]) -> None:
+        """Adds an overlapped exchange's corrections to the variables: now, or in the step's graph.
+
+        Inside a training step built to fold in its graph, the corrections are
+        left for :meth:`build_end_of_step`'s outputs: the step's own ops add
+        them after the py_function returns (no eager op per variable from
+        Python). Anywhere else (a join, a pull) they are added now.
+        """
+        if self._graph_fold is not None:
+            self._graph_fold.update(corrections)
+        else:
+            self.registry.add(corrections)
+
+    def _fold_outputs(self, corrections: dict[str, np.ndarray], keys: list[str],
+                      variables: list[tf.Variable]) -> list:
+        """Per traced variable its correction (or an empty array: nothing to add); the others added now.
+
+        Variables that joined after the step was traced, and any variable
+        when layers derive state from their variables (their ``finalize_state``
+        must see the new values), are added eagerly as :meth:`fold` would.
+        """
+        traced = set(keys)
+        if corrections and self.registry.derived.layers:
+            self.registry.add(corrections)
+            corrections = {}
+        later = {k: c for k, c in corrections.items() if k not in traced}
+        if later:
+            self.registry.add(later)
+        return [_output(corrections.get(key), var) for key, var in zip(keys, variables)]
 
     def _holds_next_step(self) -> bool:
         """Whether the step ending now will stay local (``exchange_every``), so ``end_step`` needs no values."""
@@ -242,6 +299,25 @@ class UpdatePathRuntime(PSRuntime):
         st, s = session.stats, session.state.staleness
         return np.array([session.state.clock, 0, st["waits"], -1 if s == float("inf") else s, st["refreshes"]],
                         np.float32)
+
+
+def _output(correction: np.ndarray | None, var: tf.Variable):
+    """A py_function output: the correction (without a copy when it may be aliased), or an empty array."""
+    if correction is None:
+        return np.zeros((0,), var.dtype.as_numpy_dtype)
+    if aliasable(correction, var):
+        return tf.experimental.dlpack.from_dlpack(correction.__dlpack__())
+    return correction
+
+
+def _fold(var: tf.Variable, correction: tf.Tensor) -> tf.Operation:
+    """In the step's graph: ``var += correction`` unless the correction is empty (nothing landed for it)."""
+
+    def add():
+        return tf.group(gen_resource_variable_ops.assign_add_variable_op(
+            var.handle, tf.reshape(correction, tf.shape(var))))
+
+    return tf.cond(tf.size(correction) > 0, add, tf.no_op)
 
 
 def _loss_input(result) -> tuple[tf.Tensor, bool]:

@@ -52,7 +52,7 @@ def _write(var: tf.Variable, value: np.ndarray, add: bool = False) -> None:
     if handle is None or not tf.executing_eagerly() or tuple(np.shape(value)) != tuple(var.shape):
         (var.assign_add if add else var.assign)(value, read_value=False)
         return
-    if add and _aliasable(value, var):
+    if add and aliasable(value, var):
         # The addend is read once, synchronously: the op may read the array's memory in place (no copy).
         gen_resource_variable_ops.assign_add_variable_op(handle, tf.experimental.dlpack.from_dlpack(value.__dlpack__()))
         return
@@ -60,11 +60,11 @@ def _write(var: tf.Variable, value: np.ndarray, add: bool = False) -> None:
     op(handle, tf.convert_to_tensor(value, dtype=var.dtype))
 
 
-#: Addends at least this large are handed to TensorFlow without a copy when they can be (:func:`_aliasable`).
+#: Addends at least this large are handed to TensorFlow without a copy when they can be (:func:`aliasable`).
 ALIAS_MIN_BYTES = 16 * 1024
 
 
-def _aliasable(value, var: tf.Variable) -> bool:
+def aliasable(value, var: tf.Variable) -> bool:
     """Whether a TensorFlow tensor may alias ``value`` for one ``assign_add`` (never for ``assign``).
 
     Only for an addend: ``assign`` may keep its input's buffer as the
