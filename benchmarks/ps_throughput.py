@@ -19,7 +19,10 @@ Prints one JSON document. Measures, on this machine in one run:
      (``TF_USE_LEGACY_KERAS=1``), 1 PS + 2 workers + a coordinator.
 
    Keras 3 runs are timed inside each worker at batch ends over ``steps``
-   steps after ``warmup`` steps and summed over workers; TF PSS is timed in
+   steps after ``warmup`` steps; a job of several workers counts the examples
+   all of them finished inside the window in which every one trains
+   (``joint_rate``; the sum of the workers' own rates is kept as
+   ``sum_of_worker_rates``); TF PSS is timed in
    its coordinator between epoch ends (tf-keras refuses batch-level callbacks
    under PSS, whose steps are dispatched asynchronously) over the same total
    number of steps.
@@ -225,10 +228,33 @@ def _worker_argv(mode: str, model: str, out: str, warmup: int, steps: int) -> li
             "--out", out, "--warmup", str(warmup), "--steps", str(steps)]
 
 
+def joint_rate(per_worker: list[dict], batch: int) -> dict | None:
+    """Examples finished by all workers inside the window in which every one of them trains, per second.
+
+    The window runs from the latest worker's first timed batch end to the
+    earliest worker's last one; each worker counts the batches it ended
+    inside it (issue #23: an aggregate of the whole job, not a sum of rates
+    timed at different moments). ``None`` without batch-end times or when the
+    windows do not overlap.
+    """
+    ends = [w.get("batch_end_wall") for w in per_worker]
+    if not all(ends):
+        return None
+    lo, hi = max(e[0] for e in ends), min(e[-1] for e in ends)
+    if hi <= lo:
+        return None
+    examples = sum(batch * sum(1 for t in e if lo < t <= hi) for e in ends)
+    return {"examples_per_s": examples / (hi - lo), "seconds": hi - lo, "examples": examples}
+
+
 def _aggregate(per_worker: list[dict]) -> dict:
-    """Sum over workers, plus the throughput inside the window all workers were timing."""
+    """The job's rate in the window all workers train (:func:`joint_rate`), and the sum of their own rates."""
+    summed = sum(w["examples_per_s"] for w in per_worker)
+    joint = joint_rate(per_worker, _common.BATCH) if len(per_worker) > 1 else None
     out = {
-        "examples_per_s": sum(w["examples_per_s"] for w in per_worker),
+        "examples_per_s": joint["examples_per_s"] if joint else summed,
+        "aggregate": "joint window" if joint else "sum of worker rates",
+        "sum_of_worker_rates": summed,
         "cpu_ms_per_step": [round(w["cpu_ms_per_step"], 2) for w in per_worker if "cpu_ms_per_step" in w],
         "per_worker_examples_per_s": [round(w["examples_per_s"], 1) for w in per_worker],
         "per_worker_steps_per_s": [round(w["steps_per_s"], 2) for w in per_worker],
@@ -578,7 +604,8 @@ def render_docs(result: dict) -> str:
             "### Training throughput",
             "",
             "Batch 64 per worker, Adam, synthetic data, every process on this machine. Keras 3 runs are timed "
-            "inside each worker at batch ends after a warm-up and summed over workers; TF PSS is timed in its "
+            "inside each worker at batch ends after a warm-up; several workers count the examples all of them finished in the "
+            "window in which every one trains (not a sum of rates timed at different moments); TF PSS is timed in its "
             "coordinator between epoch ends over the same total number of steps. steps/s counts steps of 64 "
             "examples (all workers together). tfdist (async) exchanges with the PS after every step: it pushes "
             "the step's update and pulls fresh values in the background while the next step computes "

@@ -152,6 +152,9 @@ def main() -> int:
     result.update(_common.timed_window(timer.times, args.warmup, args.steps, _common.BATCH))
     # Wall-clock stamps of the timed window, to check how the workers' windows overlap.
     result["wall_window"] = [timer.wall[args.warmup - 1], timer.wall[args.warmup + args.steps - 1]]
+    # Every batch end of the timed window (and the one before it): the examples all workers finished
+    # inside the window in which every one of them trains (benchmarks/ps_throughput.py's aggregate).
+    result["batch_end_wall"] = timer.wall[args.warmup - 1:args.warmup + args.steps]
     # CPU time of this process (all threads) per timed step: on a machine with few cores the
     # exchange competes with the computation for them.
     result["cpu_ms_per_step"] = 1e3 * (timer.cpu[args.warmup + args.steps - 1] - timer.cpu[args.warmup - 1]) / args.steps

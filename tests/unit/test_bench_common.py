@@ -60,3 +60,20 @@ def test_every_benchmark_section_exists_in_the_docs():
     for name in ("parameter-server", "federated", "straggler", "consistency", "autoscaling", "sparse-scaling"):
         begin, end = _common.section_markers(name)
         assert text.count(begin) == 1 and text.count(end) == 1 and text.index(begin) < text.index(end), name
+
+
+def test_the_joint_rate_counts_only_what_every_worker_finished_while_all_trained():
+    """Issue #23: a job's throughput is measured in the window in which all of its workers train."""
+    from benchmarks.ps_throughput import joint_rate
+
+    # worker 0 ends a batch every 0.1 s from t=0; worker 1 starts 1 s later and ends one every 0.2 s
+    w0 = {"batch_end_wall": [0.1 * i for i in range(31)]}  # 0 .. 3.0
+    w1 = {"batch_end_wall": [1.0 + 0.2 * i for i in range(16)]}  # 1.0 .. 4.0
+    r = joint_rate([w0, w1], batch=10)
+    assert r["seconds"] == pytest.approx(2.0)  # from 1.0 (the later start) to 3.0 (the earlier end)
+    # worker 0 ends 20 batches in (1.0, 3.0], worker 1 ends 10: 300 examples in 2 s
+    assert r["examples"] == 300 and r["examples_per_s"] == pytest.approx(150.0)
+    # a sum of the workers' own rates would say 100 + 50 = 150 here too, but not when one is idle meanwhile:
+    w1_late = {"batch_end_wall": [3.5 + 0.2 * i for i in range(6)]}
+    assert joint_rate([w0, w1_late], batch=10) is None  # no moment in which both train
+    assert joint_rate([w0, {}], batch=10) is None
