@@ -108,3 +108,48 @@ def test_keras_guide_resume_tutorial(tmp_path):
         assert worker[4] == {"checkpoints": ["ckpt-1.keras"]}, worker  # the chief's only
     for run in (1, 3):  # both workers end every run as one model (a model built later starts from worker 0's)
         assert rows[0][run]["weights_sum"] == rows[1][run]["weights_sum"], (rows[0][run], rows[1][run])
+
+
+def _by_section(rows):
+    return {r["section"]: r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def input_reference(tmp_path_factory):
+    """The distributed-input tutorial under MultiWorkerMirroredStrategy."""
+    work = tmp_path_factory.mktemp("input-mwms")
+    return [_by_section(rows) for rows in run_tutorial("distributed_input.py", "mwms", work, 0, "run")]
+
+
+INPUT = [pytest.param("bsp"), pytest.param("all_reduce", marks=pytest.mark.slow),
+         pytest.param("async", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("strategy", INPUT)
+def test_distributed_input_tutorial(tmp_path, strategy, input_reference):
+    runs = [_by_section(rows) for rows in run_tutorial("distributed_input.py", strategy, tmp_path, 0, "run")]
+    synchronous = strategy != "async"  # async: every worker is a sync group of one (README, the contract test)
+    for task, (got, ref) in enumerate(zip(runs, input_reference)):
+        batches = got["experimental_distribute_dataset"]["batch_sizes"]
+        if synchronous:
+            # A dataset whose auto-shard policy is DATA: each worker's per-replica batch is its share of the
+            # global batch, as under MultiWorkerMirroredStrategy.
+            assert batches == ref["experimental_distribute_dataset"]["batch_sizes"] == [8] * 8
+        else:  # one replica per worker: whole batches, every other one
+            assert batches == [16] * 4
+        # distribute_datasets_from_function: the input context is the worker's: every other element, 8 per batch.
+        elements = got["distribute_datasets_from_function"]["elements"]
+        assert elements == ref["distribute_datasets_from_function"]["elements"] == list(range(task, 64, 2))
+        assert got["iter_next"]["steps"] == 4
+        assert got["inside_tf_function"]["total"] == pytest.approx(ref["inside_tf_function"]["total"])
+        assert got["element_spec"]["spec"] == ref["element_spec"]["spec"] == "(None, 1)"
+        assert got["element_spec"]["doubled_shape"] == ref["element_spec"]["doubled_shape"] == [8, 1]
+        # A dataset left at the default policy is this worker's as given (documented: tfdist does not auto-shard
+        # by file); the last partial batch still ends the loop through get_next_as_optional.
+        assert got["get_next_as_optional"] == {"section": "get_next_as_optional", "task": task, "count": 9, "last": 8}
+        local, replicas = got["values_from_function"]["local_results"], got["values_from_function"]["replicas"]
+        if synchronous:  # replica_id_in_sync_group is the worker's place in the job, as under MWMS
+            assert local == ref["values_from_function"]["local_results"] == [task + 1]
+            assert replicas == ref["values_from_function"]["replicas"] == 2
+        else:
+            assert (local, replicas) == ([1], 1)

@@ -74,6 +74,17 @@ class StepExtended(OneDeviceExtended):
         context = tf.distribute.InputContext(pipelines, pipeline, replicas)
         return sharded_distributed_dataset(self, dataset, options, context)
 
+    def _experimental_distribute_values_from_function(self, value_fn):
+        """``value_fn`` of this worker's one replica, with its job-wide ``replica_id_in_sync_group``.
+
+        As under MultiWorkerMirroredStrategy, the ``ValueContext`` says which
+        replica of the job's sync group this is (TF's one-device base would say
+        0 of 1 on every worker).
+        """
+        from tensorflow.python.distribute import distribute_lib
+
+        return value_fn(distribute_lib.ValueContext(self._replica_id, self._num_replicas_in_sync))
+
     @property
     def should_checkpoint(self) -> bool:
         """Whether this task should save checkpoints (the chief), as under MultiWorkerMirroredStrategy."""
