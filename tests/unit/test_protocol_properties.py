@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from tfdist import wire
 from tfdist.consistency import AsyncPolicy, BSPPolicy, SSPPolicy
 from tfdist.errors import WireFormatError
-from tfdist import wire
 from tfdist.ps.dynamic import shard_of_ids
 from tfdist.ps.placement import VariableSpec
 from tfdist.ps.protocol import METHODS, RequestError
@@ -406,7 +406,7 @@ def test_concurrent_pushes_sum_exactly():
         try:
             for clock in range(1, m_pushes + 1):
                 svc.call("Push", {"b": np.full(3, worker + 1, np.float64)}, worker=worker, clock=clock)
-        except Exception as e:  # surfaced below
+        except Exception as e:  # noqa: BLE001 (surfaced below)
             errors.append(e)
 
     threads = [threading.Thread(target=pusher, args=(w,)) for w in range(n_threads)]
