@@ -187,10 +187,12 @@ class DynamicEmbedding(keras.layers.Layer):
     initial row and creates nothing. The PS applies the row optimizer (SGD,
     Adagrad, lazy Adam, FTRL) as for :class:`ShardedEmbedding`.
 
-    Needs a tfdist parameter-server strategy in scope (any mode; one process
+    Trains under a tfdist parameter-server strategy (any mode; one process
     with ``tfdist.ParameterServerStrategy()`` and no cluster runs its PS in
-    process). For serving, export the table and load it into a plain Keras
-    model (``tfdist.checkpoint``).
+    process). Built outside one (to load a job's weights for serving), it
+    holds no rows and reads ``default_value`` for every id, with a warning:
+    export the table and make a plain Keras model with
+    ``tfdist.checkpoint.serving_model``.
 
     Args:
         output_dim: Width of a row.
@@ -217,6 +219,9 @@ class DynamicEmbedding(keras.layers.Layer):
             Defaults to 0.0.
     """
 
+    #: Marks the layers ``tfdist.checkpoint.serving_model`` replaces (it cannot import this module).
+    _tfdist_dynamic_table = True
+
     def __init__(self, output_dim: int, embeddings_initializer: Any = "uniform", optimizer: Any = None,
                  seed: int = 0, capacity: int | None = None, eviction: str = "lru", ttl: int | None = None,
                  min_count: int = 1, filter_width: int = 1 << 20, default_value: float = 0.0, **kwargs):
@@ -235,15 +240,20 @@ class DynamicEmbedding(keras.layers.Layer):
             raise ConfigError(f"DynamicEmbedding {self.name!r}: {e}") from None
         self._table_key: str | None = None
         self._runtime = None
+        #: Whether the layer was called on strings (hashed first; a serving model hashes them the same way).
+        self.string_inputs = False
 
     def build(self, input_shape=None):
         runtime = current_ps_runtime()
         init = initializer_spec(self.embeddings_initializer)
         if runtime is None:
-            raise ConfigError(f"DynamicEmbedding {self.name!r} needs a tfdist parameter-server strategy in scope (its "
-                              "rows live on the PS tasks; tfdist.ParameterServerStrategy() with no cluster runs one "
-                              "in this process). To serve a trained table, export it and use "
-                              "tfdist.checkpoint.load_into.")
+            logger.warning("DynamicEmbedding %r is built outside a tfdist parameter-server strategy: it holds no "
+                           "rows and reads default_value=%s for every id. Train under a strategy; to serve a trained "
+                           "table, export it and use tfdist.checkpoint.serving_model.", self.name,
+                           self.options["default_value"])
+            self._anchor = self.add_weight(shape=(), name="table_anchor", initializer="zeros", trainable=False)
+            self.built = True
+            return
         if init is None:
             raise ConfigError(f"DynamicEmbedding {self.name!r}: the parameter servers cannot run the initializer "
                               f"{type(self.embeddings_initializer).__name__}; use uniform, normal, truncated_normal "
@@ -261,7 +271,11 @@ class DynamicEmbedding(keras.layers.Layer):
 
     def call(self, inputs):
         if inputs.dtype == "string":
+            self.string_inputs = True
             inputs = hash_strings(inputs)
+        if self._table_key is None:  # outside a strategy: no rows
+            zeros = keras.ops.expand_dims(keras.ops.zeros_like(keras.ops.cast(inputs, "float32")), -1)
+            return zeros + keras.ops.full((self.output_dim,), self.options["default_value"], dtype="float32")
         return lookup(self._runtime, self._table_key, self.output_dim, inputs, self._anchor.value)
 
     def save_own_variables(self, store):

@@ -142,10 +142,11 @@ def test_admission_and_eviction_through_the_layer_are_counted_on_the_ps():
         strategy.shutdown()
 
 
-def test_outside_a_ps_strategy_the_layer_says_what_it_needs():
+def test_outside_a_ps_strategy_the_layer_reads_its_default_and_bad_options_are_refused(caplog):
     keras.backend.clear_session()
-    with pytest.raises(ConfigError, match="parameter-server strategy"):
-        _model(tfdist.layers.DynamicEmbedding(DIM))
+    model = _model(tfdist.layers.DynamicEmbedding(DIM, default_value=0.5))
+    assert "outside a tfdist parameter-server strategy" in caplog.text
+    np.testing.assert_array_equal(model.layers[1](big([[1, 2]])).numpy(), np.full((1, 2, DIM), 0.5, np.float32))
     with pytest.raises(ConfigError, match="eviction"):
         tfdist.layers.DynamicEmbedding(DIM, eviction="random")
 
@@ -260,3 +261,50 @@ def test_a_dynamic_table_survives_a_killed_ps(tmp_path, scripts_dir, mode):
         assert "rolled every parameter server back to its checkpoint of step" in chief_log
         np.testing.assert_array_equal(results[0]["table"], results[1]["table"])
         assert results[0]["predictions"] == results[1]["predictions"]
+
+
+def test_a_delta_export_serves_like_the_trained_model(tmp_path, scripts_dir):
+    """1 worker, 2 PS (real processes), a capacity that evicts: a full export at mid-training, a delta at the end.
+
+    The delta holds only the rows created or changed since the full export and the ids evicted since; the
+    full export with the delta applied is the final table, and a plain Keras model made from it (IntegerLookup
+    + Embedding, dense weights by load_into) predicts as the trained model did on every exported id, also
+    after a save and load in Keras alone.
+    """
+    from tfdist.config import JobConfig
+    from tfdist.testing import LocalCluster
+
+    sys.path.insert(0, scripts_dir)
+    import sparse_worker as sw
+
+    vocab = 400
+    config = JobConfig(name="export")
+    config.ps.checkpoint_dir = str(tmp_path / "ckpt")
+    config.ps.checkpoint_every_steps, config.ps.checkpoint_every_s = None, None
+    with LocalCluster(workers=1, ps=2, config=config, log_dir=str(tmp_path / "logs")) as cluster:
+        cluster.start(os.path.join(scripts_dir, "dynamic_worker.py"),
+                      ["--out", str(tmp_path), "--mode", "async", "--steps", "16", "--batch", "16", "--vocab",
+                       str(vocab), "--capacity", "40", "--export"])
+        cluster.wait(240)
+    result = json.loads((tmp_path / "worker-0.json").read_text())
+    full = tfdist.checkpoint.read_export(str(tmp_path / "full.npz"))
+    served = tfdist.checkpoint.read_export(str(tmp_path / "delta.npz"))
+    assert served.kind == "delta" and full.kind == "full"
+    final = sum(next(iter(t.values()))["rows"] for t in result["ps_tables"])
+    assert len(served.ids) == final and len(set(served.ids.tolist())) == final
+    assert 0 < served.upserts < final + served.deleted and served.deleted > 0  # changed rows and evicted ids only
+    assert served.deleted == len(set(full.ids.tolist()) - set(served.ids.tolist()))
+
+    keras.backend.clear_session()
+    model = sw.build(tfdist.layers.DynamicEmbedding(DIM, embeddings_initializer="zeros"))
+    tfdist.checkpoint.load_into(model, str(tmp_path / "ckpt"))
+    serving = tfdist.checkpoint.serving_model(model, str(tmp_path / "delta.npz"))
+    assert not any(getattr(layer, "_tfdist_dynamic_table", False) for layer in serving._flatten_layers())
+    vocab_ids = big(np.arange(vocab))
+    exported = np.isin(vocab_ids, served.ids)
+    x = vocab_ids[:, None].repeat(sw.LEN, axis=1)
+    trained = np.array(result["export_predictions"])
+    np.testing.assert_allclose(serving.predict(x, verbose=0)[exported], trained[exported], rtol=1e-5, atol=1e-6)
+    serving.save(tmp_path / "serving.keras")
+    again = keras.saving.load_model(tmp_path / "serving.keras")
+    np.testing.assert_allclose(again.predict(x, verbose=0)[exported], trained[exported], rtol=1e-5, atol=1e-6)

@@ -1,7 +1,7 @@
 """Worker script for dynamic table tests: a DynamicEmbedding model trained on fixed data, results to JSON.
 
 Usage: dynamic_worker.py --out DIR --mode async|ssp|dtssp|bsp|sync_replicas [--steps N] [--batch B]
-[--vocab V] [--pause-at K] [--checkpointed]
+[--vocab V] [--pause-at K] [--capacity C] [--export]
 
 The ids are the zipf ids of ``sparse_worker.py`` (0 .. vocab-1) renamed to
 huge and negative int64 values (:func:`big_ids`), so a table with a row per
@@ -12,6 +12,12 @@ chief, before its K-th step, writes ``paused`` and waits (bounded) for the
 test to write ``resume``. Writes ``worker-<id>.json``: the dense weights, the
 rows of every vocabulary id (read from the PS), predictions on the first 32
 examples, the strategy's table listing and the PS status' table counters.
+
+``--export`` (one worker, ``ps.checkpoint_dir`` set): trains the first half
+of the steps, writes a PS checkpoint and a full export of the table
+(``full.npz``), trains the second half, writes a checkpoint and a delta
+export since the full one (``delta.npz``), and records the predictions on
+every vocabulary id then (``export_predictions``).
 """
 
 import argparse
@@ -26,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import keras
 import numpy as np
 import tensorflow as tf
-from sparse_worker import DIM, build, data
+from sparse_worker import DIM, LEN, build, data
 
 import tfdist
 
@@ -44,6 +50,8 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--vocab", type=int, default=50)
     p.add_argument("--pause-at", type=int)
+    p.add_argument("--capacity", type=int)
+    p.add_argument("--export", action="store_true")
     args = p.parse_args()
     strategy = {"bsp": tfdist.BSPStrategy, "ssp": lambda: tfdist.SSPStrategy(staleness=2),
                 "dtssp": tfdist.DTSSPStrategy, "sync_replicas": lambda: tfdist.SyncReplicasStrategy(2),
@@ -55,7 +63,7 @@ def main():
                            for s in range(args.steps)])
     ds = tf.data.Dataset.from_tensor_slices((ids[mine], y[mine])).batch(args.batch)
     with strategy.scope():
-        layer = tfdist.layers.DynamicEmbedding(DIM, embeddings_initializer="zeros")
+        layer = tfdist.layers.DynamicEmbedding(DIM, embeddings_initializer="zeros", capacity=args.capacity)
         model = build(layer)
         model.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy")
 
@@ -69,10 +77,23 @@ def main():
                         raise TimeoutError("the test did not say resume within 120 s")
                     time.sleep(0.02)
 
-    hist = model.fit(ds, epochs=1, verbose=0, callbacks=[Pause(), tfdist.callbacks.LeaveOnTrainEnd()])
-    strategy.pull()
     vocab_ids = big_ids(np.arange(args.vocab))
-    result = {
+    extra = {}
+    if args.export:
+        directory = strategy._runtime.config.ps.checkpoint_dir
+        half = args.steps // 2
+        model.fit(ds.take(half), epochs=1, verbose=0)
+        strategy.checkpoint()
+        tfdist.checkpoint.export_table(directory, layer.name, os.path.join(args.out, "full.npz"))
+        hist = model.fit(ds.skip(half), epochs=1, verbose=0)
+        strategy.checkpoint()
+        tfdist.checkpoint.export_table(directory, layer.name, os.path.join(args.out, "delta.npz"),
+                                       since=os.path.join(args.out, "full.npz"))
+        extra["export_predictions"] = model.predict(vocab_ids[:, None].repeat(LEN, axis=1), verbose=0).tolist()
+    else:
+        hist = model.fit(ds, epochs=1, verbose=0, callbacks=[Pause(), tfdist.callbacks.LeaveOnTrainEnd()])
+    strategy.pull()
+    result = {**extra,
         "worker_id": me,
         "loss": [float(v) for v in hist.history["loss"]],
         "recoveries": strategy.sync_stats.get("recoveries", 0),
