@@ -127,8 +127,12 @@ def test_admission_and_eviction_through_the_layer_are_counted_on_the_ps():
                                             keras.layers.GlobalAveragePooling1D()(bounded(inp))])
             model = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(x))
             model.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy")
-        model.fit(big(ids), y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        history = model.fit(big(ids), y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                            callbacks=[tfdist.callbacks.DynamicTableLogs()])
         tables = strategy.ps_status()[0]["tables"]
+        for layer in (admitted, bounded):  # the same counters in the Keras logs
+            for counter in ("rows", "created", "evicted", "not_admitted"):
+                assert history.history[f"{layer.name}/{counter}"] == [tables[layer.table_key][counter]]
         pushes = {}  # in how many batches each id appeared
         for b in range(STEPS):
             for i in np.unique(ids[b * BATCH:(b + 1) * BATCH]):
