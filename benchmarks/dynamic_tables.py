@@ -8,7 +8,9 @@ row numbers: the floor a hash index cannot beat):
 
 * ``lookup`` — the Monolith hash-table workload: look up ``--lookup-ids``
   (10k) distinct ids x dim 32 in a table of ``--rows`` (1 M) rows, 100
-  times (ids drawn anew each time from the held ones);
+  times (ids drawn anew each time from the held ones); also against
+  ``np.take`` of the rows from a plain array (``array_take_ms``: the floor;
+  the fixed table reads rows by advanced indexing, which is slower);
 * ``adagrad_apply`` — an Adagrad update of ``--apply-ids`` (1 M) distinct
   ids x dim 32 (every row of the table), 5 times after a first one that
   creates the rows (``create`` times that first one for the dynamic table);
@@ -87,9 +89,11 @@ def bench_lookup(rows: int, n: int, repeats: int) -> dict:
     dyn_ms = _median_ms(lambda: dynamic.lookup(ids[next(it)]), repeats)
     it = iter(picks)
     fixed_ms = _median_ms(lambda: fixed.lookup(next(it)), repeats)
+    it = iter(picks)
+    take_ms = _median_ms(lambda: np.take(fixed.values, next(it), axis=0), repeats)
     return {"rows": rows, "ids_per_call": n, "dim": DIM, "calls": repeats, "dynamic_ms": round(dyn_ms, 3),
-            "fixed_ms": round(fixed_ms, 3), "ratio": round(dyn_ms / fixed_ms, 2),
-            "dynamic_ids_per_s": round(n / dyn_ms * 1000)}
+            "fixed_ms": round(fixed_ms, 3), "array_take_ms": round(take_ms, 3), "ratio": round(dyn_ms / fixed_ms, 2),
+            "ratio_to_take": round(dyn_ms / take_ms, 2), "dynamic_ids_per_s": round(n / dyn_ms * 1000)}
 
 
 def bench_apply(n: int, repeats: int) -> dict:

@@ -95,6 +95,10 @@ def test_initial_rows_depend_on_the_seed_and_the_id_only():
     trunc = initial_rows({"kind": "truncated_normal", "mean": 0.0, "stddev": 1.0}, 0, np.arange(4000), 16)
     assert np.abs(trunc).max() <= 2.0
     assert not initial_rows({"kind": "zeros"}, 0, BIG, 3).any()
+    ids = np.arange(20000, dtype=np.int64) * 977 - 5  # made in chunks: the same rows as one by one
+    rows = initial_rows(init, 1, ids, 16)
+    for i in (0, 8191, 8192, 19999):
+        np.testing.assert_array_equal(rows[i], initial_rows(init, 1, ids[i:i + 1], 16)[0])
 
 
 def test_ids_are_sharded_by_a_hash_deterministically_and_evenly():

@@ -52,6 +52,8 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _SHARD_SALT = np.uint64(0x5D1E5A17C0FFEE01)
 _FILTER_SALTS = (np.uint64(0x2545F4914F6CDD1D), np.uint64(0x61C8864680B583EB))
 _EMPTY, _DELETED = -1, -2
+#: Elements of initial rows made at once (their uint64 temporaries: 1 MiB each).
+_INIT_CHUNK_ELEMENTS = 1 << 17
 
 
 def hash64(x: np.ndarray) -> np.ndarray:
@@ -93,6 +95,9 @@ def initial_rows(initializer: Mapping[str, Any], seed: int, ids: np.ndarray, dim
     n = len(ids)
     if kind == "zeros" or n == 0:
         return np.zeros((n, dim), np.float32)
+    chunk = max(1, _INIT_CHUNK_ELEMENTS // dim)
+    if n > chunk:  # a chunk's temporaries stay in the cache
+        return np.concatenate([initial_rows(initializer, seed, ids[i:i + chunk], dim) for i in range(0, n, chunk)])
     u = _as_u64(ids)
     if kind == "uniform":
         low, high = initializer.get("minval", -0.05), initializer.get("maxval", 0.05)
@@ -128,8 +133,10 @@ class IdIndex:
         self._allocate(_power_of_two(max(16, 2 * expected)))
 
     def _allocate(self, cap: int) -> None:
-        self.keys = np.zeros(cap, np.int64)
-        self.slots = np.full(cap, _EMPTY, np.int64)
+        # an id and its slot side by side: a probe reads one cache line
+        self.entries = np.zeros((cap, 2), np.int64)
+        self.entries[:, 1] = _EMPTY
+        self.keys, self.slots = self.entries[:, 0], self.entries[:, 1]
         self.size = 0
         self.deleted = 0
         self.max_probe = 0
@@ -142,19 +149,20 @@ class IdIndex:
         ids = np.asarray(ids, np.int64)
         n = len(ids)
         out, where = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
-        pos = self._home(ids)
-        todo = np.arange(n)
+        p = self._home(ids)
+        todo, want = np.arange(n), ids
         mask = len(self.keys) - 1
-        for _ in range(self.max_probe + 1):
+        for _ in range(self.max_probe + 1):  # the ids still looking, compacted every round
             if not todo.size:
                 break
-            p = pos[todo]
-            s = self.slots[p]
-            hit = (s >= 0) & (self.keys[p] == ids[todo])
-            out[todo[hit]], where[todo[hit]] = s[hit], p[hit]
+            entries = np.take(self.entries, p, axis=0)
+            s = entries[:, 1]
+            hit = (s >= 0) & (entries[:, 0] == want)
+            if hit.any():
+                found = todo[hit]
+                out[found], where[found] = s[hit], p[hit]
             go_on = ~hit & (s != _EMPTY)
-            todo = todo[go_on]
-            pos[todo] = (p[go_on] + 1) & mask
+            todo, want, p = todo[go_on], want[go_on], (p[go_on] + 1) & mask
         return out, where
 
     def insert(self, ids: np.ndarray, slots: np.ndarray) -> None:
@@ -204,7 +212,23 @@ class IdIndex:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.slots.nbytes
+        return self.entries.nbytes
+
+
+def take_rows(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``a[idx]`` for a 2-D array: ``np.take`` (several times faster than advanced indexing of rows)."""
+    return np.take(a, idx, axis=0)
+
+
+def put_rows(a: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
+    """``a[idx] = values`` for a C-contiguous 2-D array, each row moved as one opaque item (a 1-D scatter:
+    tens of times faster than advanced indexing of rows for a few thousand rows)."""
+    values = np.ascontiguousarray(values, a.dtype)
+    if values.shape[1:] != a.shape[1:] or not a.flags.c_contiguous or a.shape[1] == 0:
+        a[idx] = values
+        return
+    row = np.dtype((np.void, a.dtype.itemsize * a.shape[1]))
+    a.view(row).reshape(len(a))[idx] = values.view(row).reshape(len(values))
 
 
 def sum_by_id(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -319,7 +343,7 @@ class DynamicTable:
         self.live[slots] = False
         fresh = self.optimizer.init_slots(len(slots), self.spec.dim)
         for k, v in self.slots.items():
-            v[slots] = fresh[k]
+            put_rows(v, slots, fresh[k])
         if self.num_free + len(slots) > len(self.free):
             self.free = np.concatenate([self.free, np.zeros(len(slots), np.int64)])
         self.free[self.num_free:self.num_free + len(slots)] = slots
@@ -336,9 +360,9 @@ class DynamicTable:
         slots, _ = self.index.find(ids)
         held = slots >= 0
         if held.all():
-            return self.values[slots]
+            return take_rows(self.values, slots)
         out = np.empty((len(ids), self.spec.dim), np.float32)
-        out[held] = self.values[slots[held]]
+        out[held] = take_rows(self.values, slots[held])
         missing = ~held
         if missing.any():
             if self.min_count > 1:
@@ -374,10 +398,10 @@ class DynamicTable:
             new_ids = new_ids[:max(0, self.capacity - int(held.sum()))]
         dropped = len(unique) - int(held.sum()) - len(new_ids)
         old_slots = slots[held]
-        values = np.concatenate([self.values[old_slots],
+        values = np.concatenate([take_rows(self.values, old_slots),
                                  initial_rows(self.spec.initializer, self.spec.seed, new_ids, self.spec.dim)])
         fresh = self.optimizer.init_slots(len(new_ids), self.spec.dim)
-        row_slots = {k: np.concatenate([v[old_slots], fresh[k]]) for k, v in self.slots.items()}
+        row_slots = {k: np.concatenate([take_rows(v, old_slots), fresh[k]]) for k, v in self.slots.items()}
         g = np.concatenate([summed[held], summed[np.searchsorted(unique, new_ids)]])
         if len(g):
             lr = self.optimizer.params["learning_rate"] if learning_rate is None else learning_rate
@@ -402,9 +426,9 @@ class DynamicTable:
             slots = np.concatenate([up.old_slots, new_slots])
         else:
             slots = up.old_slots
-        self.values[slots] = up.values
+        put_rows(self.values, slots, up.values)
         for k, v in self.slots.items():
-            v[slots] = up.slots[k]
+            put_rows(v, slots, up.slots[k])
         self.last[slots] = tick
         self.count[slots] += 1
         self.counters["not_admitted"] += up.dropped
@@ -438,7 +462,7 @@ class DynamicTable:
         ids = np.asarray(ids, np.int64)
         slots, _ = self.index.find(ids)
         held = slots >= 0
-        self.values[slots[held]] = values[held]
+        put_rows(self.values, slots[held], values[held])
         new = ids[~held]
         if new.size:
             if self.capacity and new.size > self.capacity:
@@ -448,7 +472,7 @@ class DynamicTable:
             self.index.insert(new, fresh)
             self.ids[fresh], self.live[fresh], self.count[fresh] = new, True, 0
             self.last[fresh] = self.updates
-            self.values[fresh] = values[~held]
+            put_rows(self.values, fresh, values[~held])
             self.counters["created"] += len(new)
 
     # ------------------------------------------------------------------ state
@@ -456,8 +480,8 @@ class DynamicTable:
         """The held rows in id order: ``ids``, ``values``, ``slot/<name>``, ``last``, ``count``; the filter."""
         live = np.flatnonzero(self.live)
         live = live[np.argsort(self.ids[live], kind="stable")]
-        out = {"ids": self.ids[live], "values": self.values[live],
-               **{f"slot/{k}": v[live] for k, v in self.slots.items()},
+        out = {"ids": self.ids[live], "values": take_rows(self.values, live),
+               **{f"slot/{k}": take_rows(v, live) for k, v in self.slots.items()},
                "last": self.last[live], "count": self.count[live]}
         if self.sketch.size:
             out["filter"] = self.sketch.copy()
@@ -474,9 +498,9 @@ class DynamicTable:
         slots = self._take_slots(n)
         self.index.insert(ids, slots)
         self.ids[slots], self.live[slots] = ids, True
-        self.values[slots] = arrays["values"]
+        put_rows(self.values, slots, arrays["values"])
         for k, v in self.slots.items():
-            v[slots] = arrays[f"slot/{k}"]
+            put_rows(v, slots, arrays[f"slot/{k}"])
         self.last[slots], self.count[slots] = arrays["last"], arrays["count"]
         if "filter" in arrays:
             self.sketch = np.array(arrays["filter"], np.uint16, copy=True)
