@@ -233,14 +233,16 @@ def put_rows(a: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
 
 def sum_by_id(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(sorted distinct ids, the sum of each one's gradient rows): one sort, no per-row ``np.add.at``."""
+    if len(ids) < 2 or bool((ids[1:] > ids[:-1]).all()):  # distinct and sorted already
+        return ids, grads
     order = np.argsort(ids, kind="stable")
     ids_sorted = ids[order]
-    starts = np.flatnonzero(np.concatenate([[True], ids_sorted[1:] != ids_sorted[:-1]])) if len(ids) else \
-        np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate([[True], ids_sorted[1:] != ids_sorted[:-1]]))
     unique = ids_sorted[starts]
+    grads = take_rows(grads, order)
     if len(unique) == len(ids):
-        return unique, grads[order]
-    return unique, np.add.reduceat(grads[order], starts, axis=0)
+        return unique, grads
+    return unique, np.add.reduceat(grads, starts, axis=0)
 
 
 def _power_of_two(n: int) -> int:
@@ -397,17 +399,23 @@ class DynamicTable:
         if self.capacity and new_ids.size > self.capacity - int(held.sum()):  # more new ids than fit: the first
             new_ids = new_ids[:max(0, self.capacity - int(held.sum()))]
         dropped = len(unique) - int(held.sum()) - len(new_ids)
-        old_slots = slots[held]
-        values = np.concatenate([take_rows(self.values, old_slots),
-                                 initial_rows(self.spec.initializer, self.spec.seed, new_ids, self.spec.dim)])
-        fresh = self.optimizer.init_slots(len(new_ids), self.spec.dim)
-        row_slots = {k: np.concatenate([take_rows(v, old_slots), fresh[k]]) for k, v in self.slots.items()}
-        g = np.concatenate([summed[held], summed[np.searchsorted(unique, new_ids)]])
+        all_held = bool(held.all())
+        old_slots = slots if all_held else slots[held]
+        values = take_rows(self.values, old_slots)
+        row_slots = {k: take_rows(v, old_slots) for k, v in self.slots.items()}
+        g = summed
+        if not all_held:  # the new rows after the held ones
+            values = np.concatenate([values, initial_rows(self.spec.initializer, self.spec.seed, new_ids,
+                                                          self.spec.dim)])
+            fresh = self.optimizer.init_slots(len(new_ids), self.spec.dim)
+            row_slots = {k: np.concatenate([v, fresh[k]]) for k, v in row_slots.items()}
+            g = np.concatenate([summed[held], take_rows(summed, np.searchsorted(unique, new_ids))])
         if len(g):
             lr = self.optimizer.params["learning_rate"] if learning_rate is None else learning_rate
             # every row of the compact arrays: a slice (views, no gather/scatter) where the optimizer indexes rows
             self.optimizer.apply(values, row_slots, slice(None), g, lr, self.updates + 1)
-        return PreparedUpdate(unique[held], old_slots, new_ids, values, row_slots, counted, dropped)
+        return PreparedUpdate(unique if all_held else unique[held], old_slots, new_ids, values, row_slots, counted,
+                              dropped)
 
     def commit(self, up: PreparedUpdate) -> None:
         """Applies a prepared update: creates the new rows (evicting first if over capacity), writes every row."""
