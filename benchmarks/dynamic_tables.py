@@ -18,7 +18,9 @@ row numbers: the floor a hash index cannot beat):
   ids pushed in batches of 100k into a dynamic table with a capacity of
   ``--flood-capacity`` rows (1 M) x dim ``--flood-dim`` (16), LRU: the
   table's bytes and this process's resident memory (``VmRSS``) after every
-  1 M ids. Flat once the table is full is the claim.
+  1 M ids. The claim: once the table is full, both stay within a fixed band
+  (the id index is rebuilt at one of two sizes as evictions leave
+  tombstones), however many ids come.
 
 Times are the median of the repetitions, in milliseconds per call; ratios
 are dynamic / fixed (1.0: as fast as a plain array; more: slower).
