@@ -404,7 +404,10 @@ class DynamicTable:
         values = take_rows(self.values, old_slots)
         row_slots = {k: take_rows(v, old_slots) for k, v in self.slots.items()}
         g = summed
-        if not all_held:  # the new rows after the held ones
+        if not held.any() and len(new_ids) == len(unique):  # every id new and admitted: no copies either
+            values = initial_rows(self.spec.initializer, self.spec.seed, new_ids, self.spec.dim)
+            row_slots = self.optimizer.init_slots(len(new_ids), self.spec.dim)
+        elif not all_held:  # the new rows after the held ones
             values = np.concatenate([values, initial_rows(self.spec.initializer, self.spec.seed, new_ids,
                                                           self.spec.dim)])
             fresh = self.optimizer.init_slots(len(new_ids), self.spec.dim)
