@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import keras
 import numpy as np
 import tensorflow as tf
-from sparse_worker import DIM, LEN, build, data
+from sparse_worker import DIM, LEN, Pause, build, data
 
 import tfdist
 
@@ -67,16 +66,6 @@ def main():
         model = build(layer)
         model.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy")
 
-    class Pause(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            if me == 0 and args.pause_at is not None and batch + 1 == args.pause_at:
-                open(os.path.join(args.out, "paused"), "w").close()
-                deadline = time.monotonic() + 120
-                while not os.path.exists(os.path.join(args.out, "resume")):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("the test did not say resume within 120 s")
-                    time.sleep(0.02)
-
     vocab_ids = big_ids(np.arange(args.vocab))
     extra = {}
     if args.export:
@@ -91,7 +80,8 @@ def main():
                                        since=os.path.join(args.out, "full.npz"))
         extra["export_predictions"] = model.predict(vocab_ids[:, None].repeat(LEN, axis=1), verbose=0).tolist()
     else:
-        hist = model.fit(ds, epochs=1, verbose=0, callbacks=[Pause(), tfdist.callbacks.LeaveOnTrainEnd()])
+        hist = model.fit(ds, epochs=1, verbose=0, callbacks=[Pause(me, args.pause_at, args.out),
+                                                             tfdist.callbacks.LeaveOnTrainEnd()])
     strategy.pull()
     result = {**extra,
         "worker_id": me,
