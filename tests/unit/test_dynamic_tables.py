@@ -154,6 +154,7 @@ def test_admission_reads_the_default_until_an_id_was_pushed_min_count_times():
     np.testing.assert_array_equal(lookup(svc, 7, 8), [[-0.5, -0.5], [0.25, 0.25]])
     status = store.status()["tables"]["dyn"]
     assert status["rows"] == 1 and status["not_admitted"] == 4
+    assert status["updates"] == 1  # pushes that changed no row are not updates (Adam's step, recency, TTL)
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])

@@ -421,11 +421,18 @@ class DynamicTable:
                               dropped)
 
     def commit(self, up: PreparedUpdate) -> None:
-        """Applies a prepared update: creates the new rows (evicting first if over capacity), writes every row."""
-        self.updates += 1
-        tick = self.updates
+        """Applies a prepared update: creates the new rows (evicting first if over capacity), writes every row.
+
+        An update that changes no row (every id below ``min_count``) only counts: it is not one of the
+        table's updates (Adam's step, recency, TTL).
+        """
         if self.min_count > 1 and (up.counted.size or up.new_ids.size):  # every push of an id without a row
             self._count(np.concatenate([up.counted, up.new_ids]))
+        if not up.old_slots.size and not up.new_ids.size:
+            self.counters["not_admitted"] += up.dropped
+            return
+        self.updates += 1
+        tick = self.updates
         if up.new_ids.size:
             self._evict_for(len(up.new_ids), up.old_slots)
             new_slots = self._take_slots(len(up.new_ids))
