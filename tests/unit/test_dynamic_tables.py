@@ -302,3 +302,43 @@ def test_bad_dynamic_options_are_refused_with_the_option_named():
         sparse.TableSpec("d", 10, 2, dynamic={})
     with pytest.raises(RequestError):
         make(tables=[{**DYN, "dynamic": {"ttl": "soon"}}])
+
+
+def test_exports_and_a_chain_of_deltas_stand_for_the_checkpointed_table(tmp_path):
+    """Full export, then two deltas (rows changed, created, evicted); each export reads back as its table."""
+    from tfdist import checkpoint as exports
+    from tfdist.errors import TfdistError
+    from tfdist.ps import checkpoint as files
+
+    store, svc = make(tables=[{**DYN, "key": "t000/user", "dynamic": {"capacity": 8}}], num_workers=2)
+    directory = str(tmp_path / "ckpt")
+
+    def checkpoint(step):
+        _, meta, arrays = store.checkpoint_state()
+        files.write_shard(directory, 0, 1, step, meta, arrays, keep=10)
+        state = store.state()["tables"]
+        return state["table/t000/user/ids"], state["table/t000/user/values"]
+
+    def push_user(r):
+        r = np.asarray(r, np.int64)
+        svc.call("PushRows", {"rows": r, "grads": np.ones((len(r), 2), np.float32)}, worker=1, key="t000/user")
+
+    push_user([1, 2, 3])
+    checkpoint(1)
+    full = exports.export_table(directory, "user", str(tmp_path / "e0.npz"))
+    assert full.kind == "full" and full.upserts == 3 and full.deleted == 0
+    push_user([3, 4])  # 3 changed, 4 created
+    ids, values = checkpoint(2)
+    d1 = exports.export_table(directory, "t000/user", str(tmp_path / "e1.npz"), since=str(tmp_path / "e0.npz"))
+    assert (d1.kind, d1.upserts, d1.deleted) == ("delta", 2, 0)
+    push_user(np.arange(10, 17))  # 7 new rows into a capacity of 8: evicts the oldest
+    ids, values = checkpoint(3)
+    d2 = exports.export_table(directory, "user", str(tmp_path / "e2.npz"), since=str(tmp_path / "e1.npz"))
+    assert d2.deleted > 0 and d2.upserts == 7
+    again = exports.read_export(str(tmp_path / "e2.npz"))  # e0 + e1 + e2
+    np.testing.assert_array_equal(again.ids, ids)
+    np.testing.assert_array_equal(again.values, values)
+    with np.load(tmp_path / "e2.npz") as f:  # the delta itself holds only what changed
+        assert len(f["ids"]) == 7 and set(f["deleted"].tolist()) <= {1, 2, 3, 4}
+    with pytest.raises(TfdistError, match="No single dynamic table"):
+        exports.export_table(directory, "nope", str(tmp_path / "x.npz"))
