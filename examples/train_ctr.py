@@ -30,6 +30,12 @@ one of its rows), as one would to give features different widths or
 optimizers. Each lookup is its own blocking request, so on 2 cores with an
 in-process PS (``--scale tiny``, batch 256) a step takes about 22 ms shared
 and 220 ms per feature.
+
+``--tables dynamic`` makes the two shared tables ``tfdist.layers.DynamicEmbedding``:
+no vocabulary size; each feature's ids live in their own id space (feature
+``f``'s id ``i`` is ``f * 2**40 + i``) and a PS task creates a row when an id
+is first trained. ``--capacity`` bounds the rows per PS task (LRU eviction)
+and ``--min-count`` admits an id only once it was seen in that many steps.
 """
 
 import argparse
@@ -40,10 +46,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
-import tfdist  # noqa: E402
+import tfdist
 
 #: Vocabulary of each categorical feature at ``--scale full``: shaped like Criteo's (a few of millions of ids,
 #: many small), 10.56 M rows in all.
@@ -61,7 +67,7 @@ def vocabularies(scale: str) -> list[int]:
     mult = SCALES[scale] if scale in SCALES else float(scale)
     if not mult > 0:
         raise SystemExit(f"--scale must be one of {sorted(SCALES)} or a positive multiplier. Received: {scale!r}")
-    return [max(min(v, 4), int(round(v * mult))) for v in FULL_VOCABS]
+    return [max(min(v, 4), round(v * mult)) for v in FULL_VOCABS]
 
 
 def _hash_uniform(ids: np.ndarray, feature: int) -> np.ndarray:
@@ -103,6 +109,23 @@ class FeatureOffsets(keras.layers.Layer):
         return {**super().get_config(), "vocabs": self.vocabs}
 
 
+@keras.saving.register_keras_serializable(package="train_ctr")
+class FeatureSpaces(keras.layers.Layer):
+    """Gives feature ``f``'s ids their own id space of a dynamic table: ``f * 2**40 + id``."""
+
+    def call(self, ids):
+        spaces = np.arange(ids.shape[-1], dtype=np.int64) << 40
+        return keras.ops.add(keras.ops.cast(ids, "int64"), keras.ops.convert_to_tensor(spaces))
+
+
+def dynamic_tables(capacity: int | None = None, min_count: int = 1):
+    """An ``embedding`` for :func:`make_model`: ``DynamicEmbedding`` (the vocabulary size is not used)."""
+    def embedding(rows, dim, seed=0, name=None):
+        return tfdist.layers.DynamicEmbedding(dim, seed=seed, name=name, capacity=capacity, min_count=min_count)
+
+    return embedding
+
+
 def make_model(vocabs: list[int], emb_dim: int, tables: str, hidden=(128, 64), keras_module=None, embedding=None,
                feature_offsets=None):
     """Wide and deep: a width-1 table (wide) and a width-``emb_dim`` table (deep, into an MLP with the dense features).
@@ -115,12 +138,13 @@ def make_model(vocabs: list[int], emb_dim: int, tables: str, hidden=(128, 64), k
     as ``feature_offsets(vocabs, name=...)``.
     """
     k = keras_module or keras
-    embedding = embedding or tfdist.layers.ShardedEmbedding
+    embedding = embedding or (dynamic_tables() if tables == "dynamic" else tfdist.layers.ShardedEmbedding)
     feature_offsets = feature_offsets or FeatureOffsets
     cat = k.Input((len(vocabs),), dtype="int64", name="categorical")
     dense = k.Input((NUM_DENSE,), name="numeric")
-    if tables == "shared":
-        ids = feature_offsets(vocabs, name="feature_offsets")(cat)
+    if tables in ("shared", "dynamic"):
+        ids = (FeatureSpaces(name="feature_spaces")(cat) if tables == "dynamic"
+               else feature_offsets(vocabs, name="feature_offsets")(cat))
         total = sum(vocabs)
         wide = embedding(total, 1, seed=1, name="wide_table")(ids)  # (B, 26, 1)
         deep = embedding(total, emb_dim, seed=2, name="deep_table")(ids)  # (B, 26, D)
@@ -164,8 +188,11 @@ def main():
     p.add_argument("--batch", type=int, default=256, help="examples per step on each worker")
     p.add_argument("--epochs", type=int, default=2, help="passes over each worker's examples")
     p.add_argument("--emb-dim", type=int, default=16, help="width of the deep table")
-    p.add_argument("--tables", default="shared", choices=["shared", "per_feature"],
-                   help="one table per part with per-feature offsets (shared), or one per feature and part")
+    p.add_argument("--tables", default="shared", choices=["shared", "per_feature", "dynamic"],
+                   help="one table per part with per-feature offsets (shared), one per feature and part, or one "
+                   "DynamicEmbedding per part")
+    p.add_argument("--capacity", type=int, help="--tables dynamic: rows per PS task at most (LRU eviction)")
+    p.add_argument("--min-count", type=int, default=1, help="--tables dynamic: steps an id needs before its row")
     p.add_argument("--learning-rate", type=float, default=0.05, help="Adagrad's, for the tables and the MLP")
     p.add_argument("--eval-examples", type=int, default=8192)
     p.add_argument("--metrics-out", help="the chief writes its history, hold-out metrics and table counters "
@@ -189,7 +216,8 @@ def main():
               f"task(s); hidden model's hold-out AUC {_auc(y_eval, p_eval):.4f}", flush=True)
 
     with strategy.scope():
-        model = make_model(vocabs, args.emb_dim, args.tables)
+        model = make_model(vocabs, args.emb_dim, args.tables,
+                           embedding=dynamic_tables(args.capacity, args.min_count) if args.tables == "dynamic" else None)
         model.compile(optimizer=keras.optimizers.Adagrad(args.learning_rate), loss="binary_crossentropy",
                       metrics=[keras.metrics.AUC(name="auc")])
     if strategy.is_evaluator:  # side-car evaluation of the PS values while the workers train
@@ -201,8 +229,10 @@ def main():
     me = strategy.worker_id
     x, y, _ = make_data(vocabs, args.steps * args.batch, seed=1000 + me)  # each worker its own examples
     t0 = time.perf_counter()
-    history = model.fit(x, y, batch_size=args.batch, epochs=args.epochs, verbose=2,
-                        callbacks=[tfdist.callbacks.LeaveOnTrainEnd()])
+    callbacks = [tfdist.callbacks.LeaveOnTrainEnd()]
+    if args.tables == "dynamic":  # rows, creations, evictions, refused ids per table in the logs
+        callbacks.insert(0, tfdist.callbacks.DynamicTableLogs())
+    history = model.fit(x, y, batch_size=args.batch, epochs=args.epochs, verbose=2, callbacks=callbacks)
     train_s = time.perf_counter() - t0
     strategy.pull()
     loss, auc = model.evaluate(x_eval, y_eval, batch_size=1024, verbose=0)
@@ -214,6 +244,12 @@ def main():
         return
     ps = strategy.ps_status()
     for t in strategy.tables():
+        if t.get("dynamic") is not None:
+            held = [s["tables"][t["key"]] for s in ps]
+            print(f"dynamic table {t['key']}: {sum(h['rows'] for h in held):,} rows x {t['dim']} (per PS task "
+                  f"{[h['rows'] for h in held]}), created {sum(h['created'] for h in held):,}, evicted "
+                  f"{sum(h['evicted'] for h in held):,}, not admitted {sum(h['not_admitted'] for h in held):,}")
+            continue
         print(f"table {t['key']}: {t['rows']:,} rows x {t['dim']}, rows per PS task {t['rows_per_task']}, "
               f"row optimizer {t['optimizer']['kind']}")
     print("PS bytes in/out: " + ", ".join(f"ps:{i} {s['stats']['bytes_in'] / 1e6:.1f}/{s['stats']['bytes_out'] / 1e6:.1f} MB"

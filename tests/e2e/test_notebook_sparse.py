@@ -9,5 +9,6 @@ def test_sparse_embeddings_notebook_executes(run_notebook):
     assert "rows i with i % 2 == 0" in run.text and "rows per PS task [" in run.text
     assert "ps:1 holds t000/deep_table" in run.text
     assert "the replicated table pushes" in run.text and "done" in run.text
+    assert "ps:1 dynamic t000/deep_table" in run.text and "with dynamic tables" in run.text  # section 7
     assert run.has_image
     assert not run.errors

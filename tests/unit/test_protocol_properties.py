@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from tfdist import wire
 from tfdist.consistency import AsyncPolicy, BSPPolicy, SSPPolicy
 from tfdist.errors import WireFormatError
-from tfdist import wire
+from tfdist.ps.dynamic import shard_of_ids
 from tfdist.ps.placement import VariableSpec
 from tfdist.ps.protocol import METHODS, RequestError
 from tfdist.ps.server import ParameterService
@@ -31,9 +32,12 @@ SPECS = [VariableSpec("a", "float32", (2, 2)), VariableSpec("b", "float32", (3,)
          VariableSpec("n", "float32", (2,), trainable=False)]
 SPEC_DICTS = [s.to_dict() for s in SPECS]
 NUM_WORKERS = 3
-#: A PS-resident table: shard 0 of 2 of a 10-row table, rows 2 wide (so 5 rows here), Adagrad.
+#: A PS-resident table: shard 0 of 2 of a 10-row table, rows 2 wide (so 5 rows here), Adagrad; and a dynamic
+#: one (any int64 id of shard 0 of 2, rows created at first sight), 2 wide, 4 rows at most, admitted at the 2nd push.
 TABLES = [{"key": "t", "rows": 10, "dim": 2, "shard": 0, "num_shards": 2,
-           "optimizer": {"kind": "adagrad", "learning_rate": 0.1}}]
+           "optimizer": {"kind": "adagrad", "learning_rate": 0.1}},
+          {"key": "d", "rows": 0, "dim": 2, "shard": 0, "num_shards": 2, "optimizer": {"kind": "adam"},
+           "dynamic": {"capacity": 4, "min_count": 2, "filter_width": 16}}]
 
 #: Deterministic in the suite (CI never fails on a newly drawn example); explore more with
 #: TFDIST_HYPOTHESIS_EXAMPLES=5000 TFDIST_HYPOTHESIS_RANDOM=1 (a local search for new counter-examples).
@@ -47,6 +51,11 @@ class FrozenClock:
 
     def __call__(self):
         return 1000.0
+
+
+#: Ids of shard 0 of 2 of the dynamic table (some huge, some negative).
+_CANDIDATES = np.array([0, 1, 2, 3, 5, -1, -7, 2**62 + 1, -2**63, 2**63 - 1], np.int64)
+DYNAMIC_IDS = _CANDIDATES[shard_of_ids(_CANDIDATES, 2) == 0][:3]
 
 
 def initial_values():
@@ -67,6 +76,9 @@ def make_store(kind: str, initialised: bool = True) -> ParameterStore:
             svc.call("PushGradients", {"b": np.ones(3, np.float32)}, worker=0, step=0)
         else:
             svc.call("Push", {"b": np.ones(3, np.float32)}, worker=1, clock=1)
+            for _ in range(2):  # rows in the dynamic table (admitted at the second push), its filter counting
+                svc.call("PushRows", {"rows": DYNAMIC_IDS, "grads": np.ones((len(DYNAMIC_IDS), 2), np.float32)},
+                         worker=1, key="d")
     return store
 
 
@@ -124,13 +136,16 @@ TYPED = {
     "total_batches": st.integers(0, 5), "brief": st.booleans(), "reset": st.booleans(),
     "at_step": st.integers(0, 4), "incarnation": st.integers(0, 3), "epoch": st.integers(0, 3), "joined": st.booleans(),
     "logs": st.dictionaries(st.sampled_from(["loss", "accuracy", "val_loss"]), st.floats(-5, 5), max_size=3),
-    "key": st.sampled_from(["t", "a", "zzz"]), "learning_rate": st.floats(0, 1),
+    "key": st.sampled_from(["t", "d", "a", "zzz"]), "learning_rate": st.floats(0, 1),
     "seq": st.integers(0, 3), "name": st.sampled_from(["reduce", "barrier:saved"]),
     "values": st.lists(st.floats(-5, 5), max_size=3),
     "sparse": st.lists(st.sampled_from(["a", "b", "zzz"]), unique=True, max_size=2),
-    "also": st.lists(st.sampled_from(["t", "a", "zzz"]), max_size=3),
+    "also": st.lists(st.sampled_from(["t", "d", "a", "zzz"]), max_size=3),
     "tables": st.one_of(st.just(TABLES), st.just([]), st.just([{**TABLES[0], "dim": 3}]),
-                        st.just([{**TABLES[0], "shard": 2}]), st.just(TABLES + TABLES)),
+                        st.just([{**TABLES[0], "shard": 2}]), st.just(TABLES + TABLES), st.just(TABLES[1:]),
+                        st.just([TABLES[0], {**TABLES[1], "dynamic": {"eviction": "fifo"}}]),
+                        st.just([TABLES[0], {**TABLES[1], "rows": 3}]),
+                        st.just([TABLES[0], {**TABLES[1], "dynamic": {"filter_width": 2**40, "min_count": 2}}])),
 }
 #: Malformed values, for any field.
 MALFORMED = {
@@ -191,7 +206,9 @@ arrays = st.one_of(
 finite = st.floats(-4, 4, width=32)
 valid_tensors = st.fixed_dictionaries({}, optional={
     spec.key: hnp.arrays(np.float32, spec.shape, elements=finite) for spec in SPECS})
-row_ids = hnp.arrays(np.int64, st.integers(0, 4), elements=st.integers(-2, 6))
+row_ids = st.one_of(hnp.arrays(np.int64, st.integers(0, 4), elements=st.integers(-2, 6)),
+                  hnp.arrays(np.int64, st.integers(0, 6), elements=st.sampled_from(_CANDIDATES.tolist())),
+                  hnp.arrays(np.int64, st.integers(0, 3)))  # any int64
 row_tensors = st.one_of(
     st.fixed_dictionaries({"rows": row_ids}),
     row_ids.flatmap(lambda r: st.fixed_dictionaries({
@@ -389,7 +406,7 @@ def test_concurrent_pushes_sum_exactly():
         try:
             for clock in range(1, m_pushes + 1):
                 svc.call("Push", {"b": np.full(3, worker + 1, np.float64)}, worker=worker, clock=clock)
-        except Exception as e:  # surfaced below
+        except Exception as e:  # noqa: BLE001 (surfaced below)
             errors.append(e)
 
     threads = [threading.Thread(target=pusher, args=(w,)) for w in range(n_threads)]

@@ -10,8 +10,9 @@ variable and table specs and the policy spec. Import the names from
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,6 @@ from tfdist.errors import PSRejectedError
 from tfdist.ps.placement import VariableSpec
 from tfdist.ps.sparse import TableSpec
 from tfdist.wire import ALLOWED_DTYPES
-
 
 #: gRPC service name of a parameter-server task.
 SERVICE = "tfdist.ParameterServer"
@@ -204,7 +204,7 @@ class TableShard:
         return {**self.spec.to_dict(), "shard": self.shard, "num_shards": self.num_shards}
 
 
-_TABLE_FIELDS = {"key", "rows", "dim", "dtype", "initializer", "optimizer", "seed", "shard", "num_shards"}
+_TABLE_FIELDS = {"key", "rows", "dim", "dtype", "initializer", "optimizer", "seed", "shard", "num_shards", "dynamic"}
 
 
 def _table_shard(method: str, d: Any) -> TableShard:
@@ -239,7 +239,7 @@ def _row_ids(method: str, tensors: Mapping[str, np.ndarray], name: str = "rows")
     return rows
 
 
-def _also_tables(method: str, f: "_Fields", key: str) -> tuple[str, ...]:
+def _also_tables(method: str, f: _Fields, key: str) -> tuple[str, ...]:
     """A row request's ``also``: more table keys, distinct and not ``key`` (at most MAX_LOOKUP_TABLES)."""
     also = f.get("also", [])
     if not isinstance(also, list) or len(also) > MAX_LOOKUP_TABLES:

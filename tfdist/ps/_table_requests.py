@@ -7,7 +7,8 @@ changed); the tables themselves are :class:`~tfdist.ps._table_shards.TableShards
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,7 @@ class TableRequests:
             if req.worker >= 0:
                 self.members.check_member(req.worker)
             tables = [self.table_shards.get(key) for key in (req.key, *req.also)]
+            _check_same_kind("Lookup", tables)
             for table in tables:
                 self.table_shards.check_rows(table, req.rows)
             self.table_shards.check_reply_size(tables, req.rows, self.max_reply_bytes)
@@ -52,6 +54,7 @@ class TableRequests:
             self._check_row_array(req, grads, "Row gradients of", "row gradient", key)
         with self._cond:
             tables = [self._row_request_table(req, grads, "Row gradients of", key) for key, grads in parts]
+            _check_same_kind("PushRows", tables)
             if self.policy.exchange.row_pushes_name_step:
                 if req.step is None:
                     raise StoreError("PushRows on the gradient path names the global step (`step`).")
@@ -93,13 +96,24 @@ class TableRequests:
         self._check_row_array(req, req.values, "Rows written to", "row value")
         with self._cond:
             table = self._row_request_table(req, req.values, "Rows written to")
+            if table.dynamic and table.capacity and len(req.rows) > table.capacity:
+                raise StoreError(f"{len(req.rows)} rows written to dynamic table {short(req.key)}, whose capacity "
+                                 f"is {table.capacity} rows per PS task.", grpc_code="OUT_OF_RANGE")
             self._touch(req.worker)
             table.write(req.rows, req.values)
             self.stats["bytes_in"] += req.values.nbytes + req.rows.nbytes
             self.stats["row_writes"] += 1
-            return WriteRowsReply(int(len(req.rows)))
+            return WriteRowsReply(len(req.rows))
 
     def table_arrays(self) -> dict[str, np.ndarray]:
         """Every table's values and slots, keyed ``table/<key>/<array>`` (copies: checkpoints, status)."""
         with self._cond:
             return self.table_shards.arrays()
+
+
+def _check_same_kind(method: str, tables) -> None:
+    """A request naming several tables names fixed ones or dynamic ones (their ids are not the same kind of row)."""
+    if len({t.dynamic for t in tables}) > 1:
+        raise StoreError(f"{method} names fixed and dynamic tables ({short([t.spec.key for t in tables][:4])}): a "
+                         "fixed table's rows are local row indices, a dynamic table's are ids; send one request "
+                         "per kind.")

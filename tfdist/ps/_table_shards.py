@@ -1,7 +1,8 @@
 """This PS task's shards of the PS-resident tables (:mod:`tfdist.ps.sparse`), as the store holds them.
 
 Owns (PS side): the tables by key, their rows, optimizer slots and update
-counts. Allocation is checked (a table too large for this machine is
+counts; dynamic tables (:class:`~tfdist.ps.dynamic.DynamicTable`: any int64
+id, rows created at first sight) beside fixed ones. Allocation is checked (a table too large for this machine is
 refused with ``RESOURCE_EXHAUSTED``, never an internal error); a lookup's
 reply size is checked before any row is gathered; a row update of several
 tables applies all of them or none (under ``nonfinite: refuse`` an update
@@ -15,13 +16,15 @@ Every method runs with the store's lock held, except :meth:`TableShards.allocate
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
 from tfdist.ps._schema import SchemaError
 from tfdist.ps._variables import all_finite
 from tfdist.ps._waits import StoreError
+from tfdist.ps.dynamic import COUNTERS, DynamicTable
 from tfdist.ps.protocol import RequestError, TableShard, _table_shard, short
 from tfdist.ps.sparse import Table, shard_rows
 
@@ -47,6 +50,9 @@ def _shard_bytes(shard: TableShard) -> int:
     """Bytes a table shard takes: its rows and up to two optimizer slots of the same size."""
     spec = shard.spec
     slots = {"sgd": 1, "adagrad": 1, "adam": 2, "ftrl": 2}.get(str(spec.optimizer.get("kind")), 2)
+    if spec.dynamic is not None:  # at its capacity (unbounded: what it starts with)
+        rows = spec.dynamic["capacity"] or 1024
+        return rows * (spec.dim * 4 * (1 + slots) + 64) + 4 * spec.dynamic["filter_width"] * (spec.dynamic["min_count"] > 1)
     return shard_rows(spec.rows, shard.shard, shard.num_shards) * spec.dim * 4 * (1 + slots)
 
 
@@ -70,7 +76,8 @@ class TableShards:
         for s in shards:
             try:
                 with np.errstate(over="ignore", invalid="ignore"):  # checked below
-                    tables[s.spec.key] = Table(s.spec, s.shard, s.num_shards)
+                    cls = DynamicTable if s.spec.dynamic is not None else Table
+                    tables[s.spec.key] = cls(s.spec, s.shard, s.num_shards)
             except (MemoryError, ValueError, OverflowError) as e:
                 raise StoreError(f"Table {short(s.spec.key)} ({s.spec.rows} x {s.spec.dim}) cannot be allocated on "
                                  f"this parameter server ({short(str(e), 120)}). Use more PS tasks or a smaller "
@@ -103,7 +110,14 @@ class TableShards:
         return table
 
     @staticmethod
-    def check_rows(table: Table, rows: np.ndarray) -> None:
+    def check_rows(table: Table | DynamicTable, rows: np.ndarray) -> None:
+        if table.dynamic:
+            mine = table.owns(rows)
+            if not mine.all():
+                raise StoreError(f"Ids {rows[~mine][:4].tolist()} of dynamic table {short(table.spec.key)} belong to "
+                                 f"other PS tasks than shard {table.shard} of {table.num_shards} (an id's task is "
+                                 "tfdist.ps.dynamic.shard_of_ids).", grpc_code="OUT_OF_RANGE")
+            return
         if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= table.num_rows):
             bad = rows[(rows < 0) | (rows >= table.num_rows)][:4].tolist()
             raise StoreError(f"Rows {bad} are outside {short(table.spec.key)}'s shard {table.shard} of "
@@ -124,6 +138,16 @@ class TableShards:
         """Applies row gradients to every table, or to none; returns False when there were no rows."""
         if rows.size == 0:
             return False
+        # dynamic tables: computed first, committed once everything passed (nothing to undo)
+        with np.errstate(over="ignore", invalid="ignore"):  # a non-finite result is checked below
+            prepared = [(t, t.prepare(rows, g, learning_rate)) for t, g in zip(tables, grads) if t.dynamic]
+        if nonfinite != "allow":
+            bad = [t.spec.key for t, p in prepared if not p.finite()]
+            if bad:
+                raise StoreError(f"Row update of {short(bad[:4])} from worker {worker} gives non-finite values "
+                                 "(the learning rate or the gradients are too large): refused, nothing applied.")
+        grads = [g for t, g in zip(tables, grads) if not t.dynamic]
+        tables = [t for t in tables if not t.dynamic]
         saved = [_saved_rows(t, rows) for t in tables] if nonfinite != "allow" else None
         with np.errstate(over="ignore", invalid="ignore"):  # a non-finite result is checked below
             for table, g in zip(tables, grads):
@@ -135,6 +159,8 @@ class TableShards:
                     _restore_rows(table, s)
                 raise StoreError(f"Row update of {short(bad[:4])} from worker {worker} gives non-finite values "
                                  "(the learning rate or the gradients are too large): refused, nothing applied.")
+        for table, p in prepared:
+            table.commit(p)
         return True
 
     # ------------------------------------------------------------------ schema
@@ -143,11 +169,11 @@ class TableShards:
         return {f"table/{key}/{name}": a.copy() for key, t in self.tables.items() for name, a in t.arrays().items()}
 
     def state(self) -> dict[str, Any]:
-        return {"tables": {**self.arrays(), **{f"table/{k}/updates": t.updates for k, t in self.tables.items()}}}
+        return {"tables": {**self.arrays(), **{f"table/{k}/{n}": v for k, t in self.tables.items()
+                                               for n, v in _meta(t).items()}}}
 
     def checkpoint(self) -> list[dict[str, Any]]:
-        return [{**TableShard(t.spec, t.shard, t.num_shards).to_dict(), "updates": t.updates}
-                for t in self.tables.values()]
+        return [{**TableShard(t.spec, t.shard, t.num_shards).to_dict(), **_meta(t)} for t in self.tables.values()]
 
     @staticmethod
     def parse_checkpoint(entries: Any, arrays: Mapping[str, np.ndarray], nonfinite: str) -> dict[str, Table]:
@@ -161,14 +187,19 @@ class TableShards:
             if not isinstance(d, dict):
                 raise SchemaError(f"a table entry is not an object: {short(d)}")
             try:
-                shard = _table_shard("checkpoint", {k: v for k, v in d.items() if k != "updates"})
+                shard = _table_shard("checkpoint", {k: v for k, v in d.items() if k not in ("updates", *COUNTERS)})
             except RequestError as e:
                 raise SchemaError(str(e)) from None
-            updates = d.get("updates", 0)
-            if isinstance(updates, bool) or not isinstance(updates, int) or not 0 <= updates <= 2**53:
-                raise SchemaError(f"table {short(shard.spec.key)}: `updates` holds {short(updates)}")
+            counts = {name: d.get(name, 0) for name in ("updates", *(COUNTERS if shard.spec.dynamic else ()))}
+            for name, v in counts.items():
+                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 2**53:
+                    raise SchemaError(f"table {short(shard.spec.key)}: `{name}` holds {short(v)}")
+            updates = counts.pop("updates")
             prefix = f"table/{shard.spec.key}/"
             mine = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+            if shard.spec.dynamic is not None:
+                tables[shard.spec.key] = _parse_dynamic(shard, mine, updates, counts, nonfinite)
+                continue
             num_rows = shard_rows(shard.spec.rows, shard.shard, shard.num_shards)
             if "values" not in mine or mine["values"].shape != (num_rows, shard.spec.dim) or any(
                     a.shape != (num_rows, shard.spec.dim) for a in mine.values()):
@@ -184,7 +215,9 @@ class TableShards:
         return tables
 
     def status(self) -> dict[str, Any]:
-        return {k: {"rows": t.num_rows, "dim": t.spec.dim, "shard": t.shard, "num_shards": t.num_shards,
+        return {k: {"dim": t.spec.dim, "shard": t.shard, "num_shards": t.num_shards, "updates": t.updates,
+                    "optimizer": t.optimizer.kind, "dynamic": True, **t.status()} if t.dynamic else
+                {"rows": t.num_rows, "dim": t.spec.dim, "shard": t.shard, "num_shards": t.num_shards,
                     "updates": t.updates, "optimizer": t.optimizer.kind,
                     "bytes": int(sum(a.nbytes for a in t.arrays().values()))}
                 for k, t in self.tables.items()}
@@ -205,3 +238,33 @@ def _restore_rows(table: Table, saved) -> None:
     for k, s in slots.items():
         table.slots[k][unique] = s
     table.updates = updates
+
+
+def _meta(table) -> dict[str, int]:
+    """A table's counts (checkpointed beside its arrays): updates; a dynamic table's counters too."""
+    return table.meta() if table.dynamic else {"updates": table.updates}
+
+
+def _parse_dynamic(shard: TableShard, mine: Mapping[str, np.ndarray], updates: int, counters: dict[str, int],
+                   nonfinite: str) -> DynamicTable:
+    """A checkpoint's dynamic table, validated whole (ids distinct and this shard's; shapes; finite) and built."""
+    key, dim = short(shard.spec.key), shard.spec.dim
+    table = DynamicTable(shard.spec, shard.shard, shard.num_shards)
+    expected = set(table.arrays())
+    if set(mine) != expected:
+        raise SchemaError(f"the checkpoint's dynamic table {key} has arrays {sorted(mine)}; it keeps {sorted(expected)}")
+    ids = mine["ids"]
+    n = len(ids) if ids.ndim == 1 else -1
+    if ids.dtype != np.int64 or n < 0 or any(mine[k].shape != (n, dim) for k in mine if k in ("values",)
+                                             or k.startswith("slot/")) \
+            or any(mine[k].shape != (n,) or mine[k].dtype != np.int64 for k in ("last", "count")) \
+            or ("filter" in mine and (mine["filter"].shape != table.sketch.shape or mine["filter"].dtype != np.uint16)):
+        raise SchemaError(f"the checkpoint's dynamic table {key} is incomplete or of another shape")
+    if len(np.unique(ids)) != n or not table.owns(ids).all():
+        raise SchemaError(f"the checkpoint's dynamic table {key} holds repeated ids or ids of other shards")
+    if table.capacity and n > table.capacity:
+        raise SchemaError(f"the checkpoint's dynamic table {key} holds {n} rows; its capacity is {table.capacity}")
+    if nonfinite != "allow" and not all(all_finite(mine[k]) for k in mine if k == "values" or k.startswith("slot/")):
+        raise SchemaError(f"the checkpoint's dynamic table {key} holds non-finite values")
+    table.load(mine, updates, counters)
+    return table

@@ -17,13 +17,24 @@ the tables and checks every request before it applies it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-__all__ = ["TableSpec", "Table", "RowOptimizer", "make_row_optimizer", "shard_of", "shard_rows",
-           "OPTIMIZERS", "INITIALIZERS"]
+__all__ = [
+    "DYNAMIC_OPTIONS",
+    "EVICTION_POLICIES",
+    "INITIALIZERS",
+    "OPTIMIZERS",
+    "RowOptimizer",
+    "Table",
+    "TableSpec",
+    "make_row_optimizer",
+    "shard_of",
+    "shard_rows",
+]
 
 #: Row optimizers and their hyper-parameters (defaults as in Keras 3).
 OPTIMIZERS: dict[str, dict[str, float | bool]] = {
@@ -37,6 +48,35 @@ OPTIMIZERS: dict[str, dict[str, float | bool]] = {
 #: Initialisers a PS can run itself (Keras's ``uniform``, ``normal``, ``truncated_normal``, ``zeros``).
 INITIALIZERS = {"uniform": ("minval", "maxval"), "normal": ("mean", "stddev"),
                 "truncated_normal": ("mean", "stddev"), "zeros": ()}
+#: A dynamic table's options (:mod:`tfdist.ps.dynamic`) and their defaults: rows per PS task at most (0: no
+#: bound), which rows eviction frees, updates of the table after which an unchanged row expires (0: never),
+#: pushes an id needs before it gets a row, the admission filter's counters per row, the value of a row not
+#: admitted yet.
+DYNAMIC_OPTIONS: dict[str, Any] = {"capacity": 0, "eviction": "lru", "ttl": 0, "min_count": 1,
+                                   "filter_width": 1 << 20, "default_value": 0.0}
+EVICTION_POLICIES = ("lru", "lfu")
+_MAX_DYNAMIC_INT = 2**40
+
+
+def _check_dynamic(key: str, options: Any) -> dict[str, Any]:
+    """A dynamic table's options, completed with the defaults; raises ``ValueError`` on anything else."""
+    if not isinstance(options, Mapping) or set(options) - set(DYNAMIC_OPTIONS):
+        raise ValueError(f"Table {key!r}: dynamic options are a mapping of {sorted(DYNAMIC_OPTIONS)}. "
+                         f"Received: {options!r}.")
+    out = {**DYNAMIC_OPTIONS, **options}
+    for name in ("capacity", "ttl", "min_count", "filter_width"):
+        v = out[name]
+        low = 1 if name in ("min_count", "filter_width") else 0
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= _MAX_DYNAMIC_INT:
+            raise ValueError(f"Table {key!r}: {name} must be an integer in [{low}, 2**40]. Received: {name}={v!r}.")
+    if out["eviction"] not in EVICTION_POLICIES:
+        raise ValueError(f"Table {key!r}: eviction must be one of {EVICTION_POLICIES}. "
+                         f"Received: eviction={out['eviction']!r}.")
+    v = out["default_value"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or abs(v) > 3e38:
+        raise ValueError(f"Table {key!r}: default_value must be a finite float32. Received: {v!r}.")
+    out["default_value"] = float(v)
+    return out
 
 
 def shard_of(ids: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
@@ -62,6 +102,10 @@ class TableSpec:
         initializer: ``{"kind": "uniform", "minval": -0.05, "maxval": 0.05}``
             and the like (:data:`INITIALIZERS`); ``seed`` makes it deterministic.
         optimizer: ``{"kind": "adam", "learning_rate": ..., ...}`` (:data:`OPTIMIZERS`).
+        dynamic: ``None`` for a table of ``rows`` rows (ids ``0 .. rows-1``);
+            for a dynamic table (any int64 id, :mod:`tfdist.ps.dynamic`) its
+            options (:data:`DYNAMIC_OPTIONS`, completed with the defaults),
+            and ``rows`` is 0.
     """
 
     key: str
@@ -71,14 +115,20 @@ class TableSpec:
     initializer: dict = field(default_factory=lambda: {"kind": "uniform", "minval": -0.05, "maxval": 0.05})
     optimizer: dict = field(default_factory=lambda: {"kind": "sgd"})
     seed: int = 0
+    dynamic: dict | None = None
 
     def __post_init__(self):
-        if not isinstance(self.rows, int) or isinstance(self.rows, bool) or self.rows < 1:
+        if self.dynamic is not None:
+            object.__setattr__(self, "dynamic", _check_dynamic(self.key, self.dynamic))
+            if self.rows != 0 or isinstance(self.rows, bool):
+                raise ValueError(f"Table {self.key!r}: a dynamic table has no row count (rows=0; its capacity is "
+                                 f"an option). Received: rows={self.rows!r}.")
+        elif not isinstance(self.rows, int) or isinstance(self.rows, bool) or self.rows < 1:
             raise ValueError(f"Table {self.key!r}: rows must be a positive integer. Received: rows={self.rows!r}.")
         if not isinstance(self.dim, int) or isinstance(self.dim, bool) or self.dim < 1:
             raise ValueError(f"Table {self.key!r}: dim must be a positive integer. Received: dim={self.dim!r}.")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"Table {self.key!r}: seed must be an integer. Received: seed={self.seed!r}.")
+            raise ValueError(f"Table {self.key!r}: seed must be an integer. Received: seed={self.seed!r}.")  # noqa: TRY004 (callers catch ValueError)
         if self.dtype != "float32":
             raise ValueError(f"Table {self.key!r}: only float32 tables are supported. Received: {self.dtype!r}.")
         kind = self.initializer.get("kind") if isinstance(self.initializer, Mapping) else None
@@ -94,18 +144,21 @@ class TableSpec:
         return self.rows * self.dim * 4
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "rows": self.rows, "dim": self.dim, "dtype": self.dtype,
-                "initializer": dict(self.initializer), "optimizer": dict(self.optimizer), "seed": self.seed}
+        out = {"key": self.key, "rows": self.rows, "dim": self.dim, "dtype": self.dtype,
+               "initializer": dict(self.initializer), "optimizer": dict(self.optimizer), "seed": self.seed}
+        if self.dynamic is not None:
+            out["dynamic"] = dict(self.dynamic)
+        return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "TableSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> TableSpec:
         default = cls.__dataclass_fields__
         initializer = d.get("initializer")
         optimizer = d.get("optimizer")
         return cls(str(d["key"]), d["rows"], d["dim"], d.get("dtype", "float32"),
                    default["initializer"].default_factory() if initializer is None else initializer,
                    default["optimizer"].default_factory() if optimizer is None else optimizer,
-                   d.get("seed", 0))
+                   d.get("seed", 0), d.get("dynamic"))
 
 
 class RowOptimizer:
@@ -122,7 +175,7 @@ class RowOptimizer:
 
     def apply(self, values: np.ndarray, slots: dict[str, np.ndarray], rows: np.ndarray, grads: np.ndarray,
               learning_rate: float, step: int) -> None:
-        """Updates ``values[rows]`` (unique, sorted rows) with their summed ``grads``; ``step`` counts from 1."""
+        """Updates ``values[rows]`` (unique sorted rows, or a slice) with their summed ``grads``; ``step`` counts from 1."""
         raise NotImplementedError
 
     def spec(self) -> dict[str, Any]:
@@ -221,7 +274,7 @@ def make_row_optimizer(spec: Mapping[str, Any]) -> RowOptimizer:
         default = OPTIMIZERS[kind][name]
         if isinstance(default, bool):
             if not isinstance(value, bool):
-                raise ValueError(f"Row optimizer {kind!r}: {name} must be true or false. Received: {value!r}.")
+                raise ValueError(f"Row optimizer {kind!r}: {name} must be true or false. Received: {value!r}.")  # noqa: TRY004
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"Row optimizer {kind!r}: {name} must be a finite number. Received: {value!r}.")
     return _OPTIMIZER_CLASSES[kind](**params)
@@ -229,6 +282,8 @@ def make_row_optimizer(spec: Mapping[str, Any]) -> RowOptimizer:
 
 class Table:
     """One PS task's shard of a table: its rows, the optimizer's slots, the count of updates applied."""
+
+    dynamic = False
 
     def __init__(self, spec: TableSpec, shard: int, num_shards: int):
         self.spec, self.shard, self.num_shards = spec, shard, num_shards

@@ -23,7 +23,7 @@ from tfdist.ps.sparse import TableSpec
 if TYPE_CHECKING:
     from tfdist.ps.session import WorkerSession
 
-__all__ = ["RuntimeTables", "MAX_ROW_PUSHES_IN_FLIGHT"]
+__all__ = ["MAX_ROW_PUSHES_IN_FLIGHT", "RuntimeTables"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class RuntimeTables:
     """The table methods of :class:`~tfdist.strategies._ps_runtime.PSRuntime` (same lock, same session)."""
 
     def _init_tables(self) -> None:
-        #: PS-resident tables: key → (name, rows, dim, initializer, optimizer or None, seed).
+        #: PS-resident tables: key → (name, rows, dim, initializer, optimizer or None, seed, dynamic options or None).
         self._tables: dict[str, tuple] = {}
         #: The Keras optimizer built under the scope (the row optimizer of tables without their own).
         self.keras_optimizer = None
@@ -59,8 +59,9 @@ class RuntimeTables:
         self._held_pushes: dict[str, tuple[np.ndarray, np.ndarray, float | None]] = {}
 
     def register_table(self, name: str, rows: int, dim: int, initializer: dict, optimizer: dict | None,
-                       seed: int) -> str:
-        """A PS-resident table (``tfdist.layers.ShardedEmbedding``); returns its key.
+                       seed: int, dynamic: dict | None = None) -> str:
+        """A PS-resident table (``tfdist.layers.ShardedEmbedding``; ``DynamicEmbedding`` with ``dynamic``
+        options and ``rows`` 0); returns its key.
 
         Its row optimizer is fixed when the parameter servers are initialised:
         ``optimizer`` if given, else the Keras optimizer this worker builds
@@ -70,7 +71,8 @@ class RuntimeTables:
             raise ClusterError(f"Table {name!r} was created after the parameter servers were initialised: create "
                                "every ShardedEmbedding before the first fit/evaluate/predict step.")
         key = f"t{len(self._tables):03d}/{name}"
-        self._tables[key] = (name, rows, dim, initializer, optimizer, seed)
+        TableSpec(key, rows, dim, initializer=initializer, seed=seed, dynamic=dynamic)  # refused here if wrong
+        self._tables[key] = (name, rows, dim, initializer, optimizer, seed, dynamic)
         return key
 
     def note_optimizer(self, optimizer) -> None:
@@ -87,7 +89,7 @@ class RuntimeTables:
         from tfdist.strategies._row_optimizer import row_optimizer_spec
 
         specs = []
-        for key, (name, rows, dim, initializer, optimizer, seed) in self._tables.items():
+        for key, (name, rows, dim, initializer, optimizer, seed, dynamic) in self._tables.items():
             if optimizer is None:
                 if self.keras_optimizer is None:
                     logger.warning("table %r: no optimizer known yet (the first step is not a training step); its rows "
@@ -95,7 +97,8 @@ class RuntimeTables:
                     optimizer = {"kind": "sgd"}
                 else:
                     optimizer = row_optimizer_spec(self.keras_optimizer)
-            specs.append(TableSpec(key, rows, dim, initializer=initializer, optimizer=optimizer, seed=seed))
+            specs.append(TableSpec(key, rows, dim, initializer=initializer, optimizer=optimizer, seed=seed,
+                                   dynamic=dynamic))
         return specs
 
     def lookup_rows(self, key: str, ids: np.ndarray) -> np.ndarray:
@@ -148,6 +151,8 @@ class RuntimeTables:
         if lead == key or key in self._companions or key in read_with_another or lead in read_with_another:
             return
         if key in self._solo or lead in self._solo or len(self._companions.get(lead, ())) >= MAX_LOOKUP_TABLES - 1:
+            return
+        if (self._tables[lead][6] is None) != (self._tables[key][6] is None):  # fixed and dynamic rows route apart
             return
         if lead_ids.shape != ids.shape or not np.array_equal(lead_ids, ids):
             return
@@ -295,6 +300,9 @@ class RuntimeTables:
         if key not in self._tables:
             raise ClusterError(f"Unknown table {key!r}.")
         name, rows, dim = self._tables[key][:3]
+        if self._tables[key][6] is not None:
+            raise ClusterError(f"Table {name!r} is dynamic: write its rows by id (tfdist.checkpoint's export and "
+                               "load_into), not as a whole array.")
         values = np.asarray(values, np.float32)
         if values.shape != (rows, dim):
             raise ValueError(f"Table {name!r} is {rows} x {dim}; the weights loaded into it are "

@@ -20,11 +20,11 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
-import tfdist  # noqa: E402
+import tfdist
 
 LEN, DIM = 6, 4
 
@@ -41,6 +41,23 @@ def build(embedding):
     inp = keras.Input((LEN,), dtype="int64")
     x = keras.layers.GlobalAveragePooling1D()(embedding(inp))
     return keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(x))
+
+
+class Pause(keras.callbacks.Callback):
+    """The chief, before its ``pause_at``-th step, writes ``paused`` in ``out`` and waits (bounded) for ``resume``."""
+
+    def __init__(self, me, pause_at, out):
+        super().__init__()
+        self.me, self.pause_at, self.out = me, pause_at, out
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.me == 0 and self.pause_at is not None and batch + 1 == self.pause_at:
+            open(os.path.join(self.out, "paused"), "w").close()
+            deadline = time.monotonic() + 120
+            while not os.path.exists(os.path.join(self.out, "resume")):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the test did not say resume within 120 s")
+                time.sleep(0.02)
 
 
 def main():
@@ -63,17 +80,8 @@ def main():
         layer = tfdist.layers.ShardedEmbedding(args.vocab, DIM, embeddings_initializer="zeros")
         model = build(layer)
         model.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy")
-    class Pause(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            if me == 0 and args.pause_at is not None and batch + 1 == args.pause_at:
-                open(os.path.join(args.out, "paused"), "w").close()
-                deadline = time.monotonic() + 120
-                while not os.path.exists(os.path.join(args.out, "resume")):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("the test did not say resume within 120 s")
-                    time.sleep(0.02)
-
-    hist = model.fit(ds, epochs=1, verbose=0, callbacks=[Pause(), tfdist.callbacks.LeaveOnTrainEnd()])
+    hist = model.fit(ds, epochs=1, verbose=0, callbacks=[Pause(me, args.pause_at, args.out),
+                                                         tfdist.callbacks.LeaveOnTrainEnd()])
     strategy.pull()
     result = {
         "worker_id": me,
