@@ -1,9 +1,13 @@
-"""``--emit jobset``: the job as one JobSet, checked against a JobSet API schema subset (no cluster, no TensorFlow).
+"""``--emit jobset``: the job as one JobSet, checked against the released JobSet CRD (no cluster, no TensorFlow).
 
-The schema (``jobset_v1alpha2_schema.json`` beside this file) is written from
-the JobSet API types, not vendored from a released CRD (no network here; see
-its ``$comment``). Every JobSet object in it is closed: a field the CRD does
-not know, which the API server would drop silently, fails validation.
+The CRD is vendored from JobSet's release v0.9.1
+(``vendor/jobset.x-k8s.io_jobsets-v0.9.1.yaml``: kubernetes-sigs/jobset
+``config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml`` at tag v0.9.1,
+commit acea4e18c8d0, Apache-2.0), and its ``v1alpha2`` ``openAPIV3Schema``
+validates every emitted document. Every object in it is closed here: a field
+the CRD does not know, which the API server would drop silently, fails
+validation. The hand-written subset of earlier sessions
+(``jobset_v1alpha2_schema.json``) is checked too.
 """
 
 import json
@@ -39,10 +43,22 @@ def _closed(schema):
 
 
 SCHEMA = _closed(json.load(open(SCHEMA_PATH)))
+CRD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor", "jobset.x-k8s.io_jobsets-v0.9.1.yaml")
+
+
+def _crd_schema():
+    with open(CRD_PATH) as f:
+        crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2"]
+    return _closed(version["schema"]["openAPIV3Schema"])
+
+
+CRD_SCHEMA = _crd_schema()
 
 
 def validate(doc):
-    jsonschema.validate(doc, SCHEMA)
+    jsonschema.validate(doc, CRD_SCHEMA)  # the released CRD
+    jsonschema.validate(doc, SCHEMA)  # and the subset written before it was vendored
 
 
 def make(cluster=None, **sections):

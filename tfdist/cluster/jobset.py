@@ -184,7 +184,8 @@ def kubernetes_jobset(
             "podFailurePolicy": {"rules": [
                 {"action": "FailJob",  # a ConfigError fails the same way every time: no replacement pod
                  "onExitCodes": {"containerName": _CONTAINER, "operator": "In", "values": [EXIT_CONFIG_ERROR]}},
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},  # evicted, preempted
+                # evicted, preempted (status is required by the CRD's Job schema: JobSet v0.9.1)
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]},
             "podReplacementPolicy": "Failed",  # required with podFailurePolicy; no two PS pods on one checkpoint
             **k8s._deadline(config),
