@@ -342,3 +342,15 @@ def test_exports_and_a_chain_of_deltas_stand_for_the_checkpointed_table(tmp_path
         assert len(f["ids"]) == 7 and set(f["deleted"].tolist()) <= {1, 2, 3, 4}
     with pytest.raises(TfdistError, match="No single dynamic table"):
         exports.export_table(directory, "nope", str(tmp_path / "x.npz"))
+
+
+def test_strategy_descriptions_of_a_dynamic_table_say_how_ids_are_placed_not_a_row_range():
+    fixed = sparse.TableSpec("f", 10, 3)
+    dyn = sparse.TableSpec("d", 0, 3, dynamic={"capacity": 1000})
+    unbounded = sparse.TableSpec("u", 0, 3, dynamic={})
+    assert sparse.placement_rule(fixed, 1, 2) == "rows i with i % 2 == 1"
+    assert sparse.placement_rule(dyn, 1, 2) == "ids i with tfdist.ps.dynamic.shard_of_ids(i, 2) == 1"
+    assert sparse.describe_table(fixed, 3)["rows_per_task"] == [4, 3, 3]
+    d = sparse.describe_table(dyn, 2)
+    assert d["rows_per_task"] is None and d["capacity_per_task"] == 1000 and d["dynamic"]["capacity"] == 1000
+    assert sparse.describe_table(unbounded, 2)["capacity_per_task"] is None

@@ -31,7 +31,9 @@ __all__ = [
     "RowOptimizer",
     "Table",
     "TableSpec",
+    "describe_table",
     "make_row_optimizer",
+    "placement_rule",
     "shard_of",
     "shard_rows",
 ]
@@ -88,6 +90,24 @@ def shard_of(ids: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
 def shard_rows(rows: int, shard: int, num_shards: int) -> int:
     """How many rows of a ``rows``-row table shard ``shard`` of ``num_shards`` holds."""
     return max(0, (rows - shard + num_shards - 1) // num_shards)
+
+
+def placement_rule(spec: "TableSpec", ps: int, num_ps: int) -> str:
+    """Which rows of table ``spec`` PS task ``ps`` holds, in words (``strategy.placement_table()``)."""
+    if spec.dynamic is not None:  # a hash of the id (salted SplitMix64) modulo the tasks
+        return f"ids i with tfdist.ps.dynamic.shard_of_ids(i, {num_ps}) == {ps}"
+    return f"rows i with i % {num_ps} == {ps}"
+
+
+def describe_table(spec: "TableSpec", num_ps: int) -> dict:
+    """``strategy.tables()``'s entry: the spec, and the rows each task holds (a dynamic table: its capacity)."""
+    out = spec.to_dict()
+    if spec.dynamic is not None:  # grows as ids arrive
+        out["rows_per_task"] = None
+        out["capacity_per_task"] = spec.dynamic["capacity"] or None
+    else:
+        out["rows_per_task"] = [shard_rows(spec.rows, ps, num_ps) for ps in range(num_ps)]
+    return out
 
 
 @dataclass(frozen=True)

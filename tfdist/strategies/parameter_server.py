@@ -275,21 +275,22 @@ class ParameterServerStrategy(StrategyBase):
     def placement_table(self) -> list[tuple[str, int, tuple[int, int] | str | None]]:
         """``[(variable key, PS task, rows or None), ...]`` in creation order.
 
-        A PS-resident table (``tfdist.layers.ShardedEmbedding``) follows, one
-        entry per PS task: ``(table key, task, "rows i with i % N == task")``.
+        A PS-resident table follows, one entry per PS task: ``(table key,
+        task, "rows i with i % N == task")`` (``ShardedEmbedding``) or ``"ids i
+        with tfdist.ps.dynamic.shard_of_ids(i, N) == task"`` (``DynamicEmbedding``).
         """
+        from tfdist.ps.sparse import placement_rule
+
         n = len(self._runtime.config.cluster.ps)
-        tables = [(spec.key, ps, f"rows i with i % {n} == {ps}") for spec in self._runtime.table_specs()
-                  for ps in range(n)]
+        tables = [(spec.key, ps, placement_rule(spec, ps, n)) for spec in self._runtime.table_specs() for ps in range(n)]
         return self.placement().as_table() + tables
 
     def tables(self) -> list[dict]:
-        """The PS-resident tables: key, rows, width, row optimizer, and the rows each PS task holds."""
-        from tfdist.ps.sparse import shard_rows
+        """The PS-resident tables: key, rows, width, row optimizer, and the rows each PS task holds (or, for a
+        dynamic table, ``rows_per_task=None`` and its ``capacity_per_task``)."""
+        from tfdist.ps.sparse import describe_table
 
-        n = len(self._runtime.config.cluster.ps)
-        return [{**spec.to_dict(), "rows_per_task": [shard_rows(spec.rows, ps, n) for ps in range(n)]}
-                for spec in self._runtime.table_specs()]
+        return [describe_table(spec, len(self._runtime.config.cluster.ps)) for spec in self._runtime.table_specs()]
 
     def pull(self, keep_local_writes: bool = True) -> None:
         """Loads the job's freshest values into this worker's variables now.
