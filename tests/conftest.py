@@ -190,14 +190,16 @@ def run_notebook(tmp_path, monkeypatch):
     """``run(name, timeout, env=None) -> NotebookRun``: executes ``colab/<name>`` headless.
 
     The python3 kernel runs in ``tmp_path`` with ``timeout`` seconds per cell.
-    Every ``TFDIST_*`` variable but ``TFDIST_FAST_START``, ``TF_CONFIG`` and ``MPLBACKEND`` (so the
-    kernel's inline backend emits PNGs) are removed from the environment the
-    kernel inherits, TF's C++ logs are quietened, then ``env`` is set.
+    Every ``TFDIST_*`` variable but ``TFDIST_FAST_START`` and ``TFDIST_ZYGOTE_SOCKET`` (the zygote
+    this process lends), ``TF_CONFIG`` and ``MPLBACKEND`` (so the kernel's inline backend emits PNGs)
+    are removed from the environment the kernel inherits, TF's C++ logs are quietened, then ``env``
+    is set.
     """
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
+    kept = ("TFDIST_FAST_START", "TFDIST_ZYGOTE_SOCKET")
     for name in list(os.environ):
-        if (name.startswith("TFDIST_") and name != "TFDIST_FAST_START") or name in ("TF_CONFIG", "MPLBACKEND"):
+        if (name.startswith("TFDIST_") and name not in kept) or name in ("TF_CONFIG", "MPLBACKEND"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
 
