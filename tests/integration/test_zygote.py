@@ -220,6 +220,26 @@ def test_a_lent_zygote_runs_another_process_tasks_as_its_own_would(tmp_path, len
     assert _lent_zygotes(launcher_pid) == []  # its exit closed the connection; it waited for the lent zygote to end
 
 
+def test_a_lent_zygote_that_imported_under_other_variables_is_given_back(tmp_path, lender):
+    """A process whose import-time variables differ from the lender's (here ``OMP_NUM_THREADS``) would have
+    every task started the usual way by the lent zygote: it ends that one and goes on to start its own."""
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(textwrap.dedent("""
+        import logging, os
+        logging.basicConfig(level=logging.INFO)
+        from tfdist.cluster import zygote
+        zygote._failed = True  # an own zygote would be started next: answer None instead of importing TF
+        print("zygote", zygote.zygote(os.environ), "pid", os.getpid(), flush=True)
+    """))
+    env = {**_launcher_env(lender), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(launcher)], capture_output=True, text=True, timeout=120, env=env,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "zygote None" in done.stdout, done.stdout + done.stderr
+    assert "imported under other import-time variables" in done.stderr, done.stderr
+    assert _lent_zygotes(int(done.stdout.split("pid")[1])) == []  # the lent one was closed, not left running
+
+
 def test_a_launcher_whose_lender_is_gone_goes_on_to_start_its_own_zygote(tmp_path):
     """A stale ``TFDIST_ZYGOTE_SOCKET`` (nothing listens) costs a warning, then the usual start of a zygote of
     its own (here marked as failed before, so that path is seen without paying its TensorFlow import)."""

@@ -379,8 +379,8 @@ def zygote(env: Mapping[str, str]) -> Zygote | None:
         if address and address not in _lending_at and not _lent_failed:
             try:
                 lent = Zygote(env, address=address)
-                atexit.register(lent.close)  # a clean exit waits for it to end (no child left behind)
                 if lent._import_env == _import_time_env(env):
+                    atexit.register(lent.close)  # a clean exit waits for it to end (no child left behind)
                     _zygote = lent
                     return _zygote
                 logger.info("the zygote lent at %s imported under other import-time variables; starting one here",
