@@ -41,8 +41,9 @@ def _no_leaked_children():
         if p.pid in before:
             continue
         try:
-            if p.ppid() == os.getpid() and any(mark in " ".join(p.cmdline()) for mark in (ZYGOTE_MARK, FORKSERVER_MARK)):
-                continue  # this process's zygote (TFDIST_FAST_START) and fork server live as long as pytest; their
+            cmdline = " ".join(p.cmdline())
+            if p.ppid() == os.getpid() and (ZYGOTE_MARK in cmdline or FORKSERVER_MARK in cmdline):
+                continue  # this process's zygote and fork server (TFDIST_FAST_START) live as long as pytest; their
                 # tasks and workers do not
             if p.status() != psutil.STATUS_ZOMBIE and "kernel" not in " ".join(p.cmdline()):
                 leaked.append((p.pid, " ".join(p.cmdline())[:120]))

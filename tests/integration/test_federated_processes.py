@@ -136,7 +136,7 @@ def test_command_line_runs_a_config(tmp_path):
 
 
 def test_workers_end_when_the_main_process_is_killed(tmp_path):
-    """A worker forked from the pool's fork server (its parent is the fork server, not the main process)
+    """A worker forked from the pool's fork server (fast start; its parent is the fork server, not the main process)
     leaves by itself when the main process dies: the fork server ends with the main process, and the
     worker's parent changes. The fork server imports nothing here: the test is about the exit, not the
     preload (which test_parallel_and_sequential_give_the_same_result uses)."""
@@ -162,7 +162,8 @@ def test_workers_end_when_the_main_process_is_killed(tmp_path):
         "    print('worker ended', p.exitcode, flush=True)\n"
         "    time.sleep(300)\n"
     )
-    main = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    main = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TFDIST_FAST_START": "1"})
     try:
         method, worker = main.stdout.readline().split()
         worker = int(worker)

@@ -137,8 +137,9 @@ def _launcher_env(lender=None):
 def _lent_zygotes(pid: int) -> list[int]:
     import psutil
 
+    title = f"tfdist-zygote lent to pid {pid}"
     return [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline", "status"])
-            if " ".join(p.info["cmdline"] or []).strip() == f"tfdist-zygote lent to pid {pid}" and p.info["status"] != "zombie"]
+            if " ".join(p.info["cmdline"] or []).strip() == title and p.info["status"] != "zombie"]
 
 
 @pytest.mark.parametrize("zygote_kind", ["own", "lent"])

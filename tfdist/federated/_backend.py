@@ -112,9 +112,13 @@ FORKSERVER_PRELOAD = ("numpy", "tensorflow", "keras", "tfdist.federated._backend
 
 
 def _context():
-    """The pool's start method: on Linux a fork server that imported TensorFlow once (it never runs an op,
-    so its forks copy no TensorFlow runtime, as with ``tfdist.cluster.zygote``), elsewhere ``spawn``."""
-    if not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():
+    """The pool's start method: with fast start on (``TFDIST_FAST_START=1``, as for local clusters) and on
+    Linux, a fork server that imported TensorFlow once (it never runs an op, so its forks copy no
+    TensorFlow runtime, as with ``tfdist.cluster.zygote``); else ``spawn``, a fresh interpreter per worker."""
+    from tfdist.cluster.zygote import fast_start_enabled
+
+    forkserver = sys.platform.startswith("linux") and "forkserver" in mp.get_all_start_methods()
+    if not (forkserver and fast_start_enabled()):
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # read when the fork server starts (once per process)
@@ -265,8 +269,8 @@ class InlineBackend:
 
 
 class ProcessBackend:
-    """A pool of train-worker processes plus a test process (forked from a fork server that imported
-    TensorFlow once, on Linux; spawned elsewhere).
+    """A pool of train-worker processes plus a test process (spawned, or, with ``TFDIST_FAST_START=1`` on
+    Linux, forked from a fork server that imported TensorFlow once).
 
     Args:
         spec: what every worker needs.
