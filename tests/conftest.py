@@ -65,6 +65,32 @@ def pytest_xdist_make_scheduler(config, log):
     return FileOrTestScheduling(config, log)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _lent_zygote():
+    """With fast start on, processes the tests start (``python -m tfdist.launch``, benchmark scripts, notebook
+    kernels) fork their tasks from this process's zygote (``TFDIST_ZYGOTE_SOCKET``; tfdist/cluster/zygote.py
+    ``serve_forks``) instead of each importing TensorFlow in a zygote of its own: ~10 CPU-seconds per process.
+    Nothing starts until one asks."""
+    import shutil
+    import tempfile
+
+    from tfdist import constants
+    from tfdist.cluster import zygote
+
+    if not (zygote.fast_start_enabled() and zygote.can_fork()) or constants.ENV_ZYGOTE_SOCKET in os.environ:
+        yield
+        return
+    directory = tempfile.mkdtemp(prefix="tfdist-zygote-")  # 0700: this user's processes only
+    lender = zygote.serve_forks(os.path.join(directory, "zygote.sock"))
+    os.environ[constants.ENV_ZYGOTE_SOCKET] = lender.path
+    try:
+        yield
+    finally:
+        os.environ.pop(constants.ENV_ZYGOTE_SOCKET, None)
+        lender.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """``mount(size_bytes) -> path``: a fresh tmpfs of that size (a small disk to fill), unmounted afterwards.
@@ -164,14 +190,16 @@ def run_notebook(tmp_path, monkeypatch):
     """``run(name, timeout, env=None) -> NotebookRun``: executes ``colab/<name>`` headless.
 
     The python3 kernel runs in ``tmp_path`` with ``timeout`` seconds per cell.
-    Every ``TFDIST_*`` variable but ``TFDIST_FAST_START``, ``TF_CONFIG`` and ``MPLBACKEND`` (so the
-    kernel's inline backend emits PNGs) are removed from the environment the
-    kernel inherits, TF's C++ logs are quietened, then ``env`` is set.
+    Every ``TFDIST_*`` variable but ``TFDIST_FAST_START`` and ``TFDIST_ZYGOTE_SOCKET`` (the zygote
+    this process lends), ``TF_CONFIG`` and ``MPLBACKEND`` (so the kernel's inline backend emits PNGs)
+    are removed from the environment the kernel inherits, TF's C++ logs are quietened, then ``env``
+    is set.
     """
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
+    kept = ("TFDIST_FAST_START", "TFDIST_ZYGOTE_SOCKET")
     for name in list(os.environ):
-        if (name.startswith("TFDIST_") and name != "TFDIST_FAST_START") or name in ("TF_CONFIG", "MPLBACKEND"):
+        if (name.startswith("TFDIST_") and name not in kept) or name in ("TF_CONFIG", "MPLBACKEND"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
 

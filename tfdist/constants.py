@@ -32,6 +32,10 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
 #: Training batches a joining worker runs locally before it joins an elastic job (set by the engine).
 ENV_WARMUP_BATCHES = "TFDIST_WARMUP_BATCHES"
 
+#: Path of a Unix socket on which another process lends its zygote (``tfdist.cluster.zygote.serve_forks``): with
+#: fast start on, a local job forks its tasks from a zygote forked there instead of importing TensorFlow again.
+ENV_ZYGOTE_SOCKET = "TFDIST_ZYGOTE_SOCKET"
+
 #: Seconds a task process may take to shut down after its script ended before it exits 1 (0: no bound).
 ENV_EXIT_TIMEOUT_S = "TFDIST_EXIT_TIMEOUT_S"
 

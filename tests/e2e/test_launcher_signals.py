@@ -43,6 +43,19 @@ def _argv(tmp_path, mode, **launch):
             str(tmp_path / "logs"), TASK, "--out", str(out), "--mode", mode]
 
 
+def _tasks_of(launcher_pid):
+    """The processes below the launcher: its own children, or, where it forks its tasks from a zygote lent by
+    this pytest process (``TFDIST_ZYGOTE_SOCKET``, tests/conftest.py), the tasks of the zygote lent to it."""
+    found = psutil.Process(launcher_pid).children(recursive=True)
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if " ".join(p.info["cmdline"] or []).strip() == f"tfdist-zygote lent to pid {launcher_pid}":
+                found += p.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
 def _runs(tmp_path):
     path = tmp_path / "out" / "runs"
     return path.read_text().splitlines() if path.exists() else []
@@ -62,7 +75,7 @@ def _stop_on_signal(tmp_path, sig, ignore_sigint=False):
             if "ready" in line or time.monotonic() > deadline:
                 break
         assert any("ready" in line for line in lines), "".join(lines)
-        tasks = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        tasks = [p.pid for p in _tasks_of(proc.pid)]
         assert tasks, "no task process found"
         proc.send_signal(sig)
         rest, _ = proc.communicate(timeout=60)
@@ -150,15 +163,16 @@ def test_a_ps_task_stopped_by_sigterm_is_started_again(tmp_path):
         deadline = time.monotonic() + 90
 
         def read_until(text):
-            for line in proc.stdout:  # bounded by the deadline, checked at every line
-                lines.append(line)
-                if text in line or time.monotonic() > deadline:
-                    break
+            if not any(text in line for line in lines):
+                for line in proc.stdout:  # bounded by the deadline, checked at every line
+                    lines.append(line)
+                    if text in line or time.monotonic() > deadline:
+                        break
             assert any(text in line for line in lines), "".join(lines)
 
         read_until("ready")
-        ps = [p for p in psutil.Process(proc.pid).children(recursive=True)
-              if "tfdist.ps" in " ".join(p.cmdline())]
+        read_until("ps:0 serving on")  # its SIGTERM handler is in place (the worker may be ready first)
+        ps = [p for p in _tasks_of(proc.pid) if "tfdist.ps" in " ".join(p.cmdline())]
         assert len(ps) == 1, ps
         ps[0].send_signal(signal.SIGTERM)
         read_until("Task ps:0 exited with code 143; restarting it (1 of at most 3")

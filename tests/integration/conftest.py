@@ -1,13 +1,14 @@
 """Integration fixtures: real PS processes on 127.0.0.1, always torn down."""
 
 import os
-import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "integration", "scripts")
 ZYGOTE_MARK = "tfdist.cluster.zygote import _serve"
+#: multiprocessing's fork server (the federated simulator's pool forks its workers from it): one per process.
+FORKSERVER_MARK = "from multiprocessing.forkserver import main"
 
 
 @pytest.fixture
@@ -40,8 +41,10 @@ def _no_leaked_children():
         if p.pid in before:
             continue
         try:
-            if p.ppid() == os.getpid() and ZYGOTE_MARK in " ".join(p.cmdline()):
-                continue  # this process's zygote (TFDIST_FAST_START) lives as long as pytest; its tasks do not
+            cmdline = " ".join(p.cmdline())
+            if p.ppid() == os.getpid() and (ZYGOTE_MARK in cmdline or FORKSERVER_MARK in cmdline):
+                continue  # this process's zygote and fork server (TFDIST_FAST_START) live as long as pytest; their
+                # tasks and workers do not
             if p.status() != psutil.STATUS_ZOMBIE and "kernel" not in " ".join(p.cmdline()):
                 leaked.append((p.pid, " ".join(p.cmdline())[:120]))
         except psutil.NoSuchProcess:

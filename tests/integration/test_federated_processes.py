@@ -133,3 +133,49 @@ def test_command_line_runs_a_config(tmp_path):
     saved = json.loads(out.read_text())
     assert saved["summary"]["final_accuracy"] == summary["final_accuracy"]
     assert saved["config"]["num_workers"] == 1 and saved["updates"][0]["worker"] == "train-worker-0"
+
+
+def test_workers_end_when_the_main_process_is_killed(tmp_path):
+    """A worker forked from the pool's fork server (fast start; its parent is the fork server, not the main process)
+    leaves by itself when the main process dies: the fork server ends with the main process, and the
+    worker's parent changes. The fork server imports nothing here: the test is about the exit, not the
+    preload (which test_parallel_and_sequential_give_the_same_result uses)."""
+    import signal
+    import time
+
+    script = tmp_path / "main.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from tfdist.federated import _backend\n"
+        "_backend.FORKSERVER_PRELOAD = ()\n"
+        "def wait_for_the_main_process(pid):  # as a worker's queue waits do between gets\n"
+        "    if _backend._parent_alive(pid):\n"
+        "        print('watching', flush=True)\n"
+        "    while _backend._parent_alive(pid):\n"
+        "        time.sleep(0.1)\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = _backend._context()\n"
+        "    p = ctx.Process(target=wait_for_the_main_process, args=(os.getpid(),), daemon=True)\n"
+        "    p.start()\n"
+        "    print(ctx.get_start_method(), p.pid, flush=True)\n"
+        "    p.join(60)  # bounded: ends at once only if the worker wrongly thinks the main process is gone\n"
+        "    print('worker ended', p.exitcode, flush=True)\n"
+        "    time.sleep(300)\n"
+    )
+    main = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TFDIST_FAST_START": "1"})
+    try:
+        method, worker = main.stdout.readline().split()
+        worker = int(worker)
+        assert method == "forkserver"
+        with open(f"/proc/{worker}/stat") as f:
+            assert int(f.read().rsplit(")", 1)[1].split()[1]) != main.pid  # forked by the fork server
+        line = main.stdout.readline()  # the worker's, or the main's once the worker ended (bounded: 60 s)
+        assert line == "watching\n", line  # the worker sees the main process alive behind its fork server
+    finally:
+        main.send_signal(signal.SIGKILL)
+        main.wait(10)
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{worker}") and not _is_zombie(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{worker}") or _is_zombie(worker), "a worker outlived the main process"

@@ -107,34 +107,156 @@ def test_an_import_time_variable_that_differs_starts_the_task_the_usual_way(tmp_
     assert not task.forked
 
 
-def test_forked_tasks_die_with_their_launcher(tmp_path):
-    """SIGKILL the launching process: its zygote and every task it forked go too (no orphans)."""
+@pytest.fixture
+def lender():
+    """This process's zygote lent on a Unix socket (``serve_forks``), as tests/conftest.py lends it to launchers."""
+    import shutil
+    import tempfile
+
+    from tfdist.cluster import zygote as zyg
+
+    directory = tempfile.mkdtemp(prefix="tfdist-zygote-test-")  # short: a socket path has at most 107 bytes
+    lent = zyg.serve_forks(os.path.join(directory, "zygote.sock"))
+    try:
+        yield lent
+    finally:
+        lent.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _launcher_env(lender=None):
+    """The launching process's environment: with ``lender``, it asks that zygote; without, it starts its own."""
+    from tfdist.constants import ENV_ZYGOTE_SOCKET
+
+    env = {k: v for k, v in os.environ.items() if k != ENV_ZYGOTE_SOCKET}
+    if lender is not None:
+        env[ENV_ZYGOTE_SOCKET] = lender.path
+    return env
+
+
+def _lent_zygotes(pid: int) -> list[int]:
+    import psutil
+
+    title = f"tfdist-zygote lent to pid {pid}"
+    return [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline", "status"])
+            if " ".join(p.info["cmdline"] or []).strip() == title and p.info["status"] != "zombie"]
+
+
+@pytest.mark.parametrize("zygote_kind", ["own", "lent"])
+def test_forked_tasks_die_with_their_launcher(tmp_path, request, zygote_kind):
+    """SIGKILL the launching process: its zygote (its own, or the one lent to it) and every task it forked go
+    too (no orphans)."""
     task_script = _script(tmp_path, "import time\nprint('task up', flush=True)\ntime.sleep(300)\n")
     launcher = tmp_path / "launcher.py"
     launcher.write_text(textwrap.dedent(f"""
         import os, sys, time
+        from tfdist.cluster import zygote
         from tfdist.cluster.process import TaskProcess
         from tfdist.config import TaskSpec
         task = TaskProcess(TaskSpec("worker", 0), [sys.executable, {task_script!r}], dict(os.environ),
                            forward_stdout=False, forward_stderr=False, fast_start=True).start()
         while "task up" not in task.tail:
             time.sleep(0.05)
-        print("pid", task.pid, task.forked, flush=True)
+        print("pid", task.pid, task.forked, zygote.zygote(os.environ).lent, flush=True)
         time.sleep(300)
     """))
-    proc = subprocess.Popen([sys.executable, str(launcher)], stdout=subprocess.PIPE, text=True)
+    env = _launcher_env(request.getfixturevalue("lender") if zygote_kind == "lent" else None)
+    proc = subprocess.Popen([sys.executable, str(launcher)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
-        assert line.startswith("pid") and line.split()[2] == "True", line
+        assert line.split()[:1] == ["pid"] and line.split()[2:] == ["True", str(zygote_kind == "lent")], line
         pid = int(line.split()[1])
         assert os.path.exists(f"/proc/{pid}")
+        assert len(_lent_zygotes(proc.pid)) == (zygote_kind == "lent")
     finally:
         proc.kill()
         proc.wait(10)
     deadline = time.monotonic() + 20
-    while _alive(pid) and time.monotonic() < deadline:
+    while (_alive(pid) or _lent_zygotes(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(pid), "a forked task outlived its launcher"
+    assert _lent_zygotes(proc.pid) == [], "the zygote lent to the launcher outlived it"
+
+
+def test_a_lent_zygote_runs_another_process_tasks_as_its_own_would(tmp_path, lender, monkeypatch):
+    """A process told ``TFDIST_ZYGOTE_SOCKET`` forks its tasks from a zygote lent there: argv, env, cwd,
+    output, exit codes and signals as with its own; the lent zygote ends when that process exits."""
+    monkeypatch.chdir(tmp_path)
+    task_script = _script(tmp_path, """
+        import os, sys, time
+        import tensorflow as tf
+        print("argv", sys.argv[1:], "env", os.environ["MY_VALUE"], "cwd", os.getcwd(), flush=True)
+        print("tf", tf.reduce_sum(tf.constant([1.0, 2.0])).numpy(), flush=True)
+        if sys.argv[1] == "wait":
+            time.sleep(120)
+        sys.exit(int(sys.argv[1]))
+    """)
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        from tfdist.cluster import zygote
+        from tfdist.cluster.process import TaskProcess
+        from tfdist.config import TaskSpec
+        env = {{**os.environ, "MY_VALUE": "42"}}
+        task = TaskProcess(TaskSpec("worker", 0), [sys.executable, {task_script!r}, "3"], env,
+                           forward_stdout=False, forward_stderr=False, fast_start=True).start()
+        print("exit", task.wait(60), "forked", task.forked, "lent", zygote.zygote(env).lent, flush=True)
+        print("tail", list(task.tail), flush=True)
+        waiting = TaskProcess(TaskSpec("worker", 1), [sys.executable, {task_script!r}, "wait"], env,
+                              forward_stdout=False, forward_stderr=False, fast_start=True).start()
+        while not any("tf 3.0" in line for line in waiting.tail) and waiting.wait(0.1) is None:
+            pass
+        waiting.signal(signal.SIGTERM)
+        print("terminated", waiting.wait(60), waiting.describe_exit(), flush=True)
+        print("launcher", os.getpid(), flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(launcher)], capture_output=True, text=True, timeout=120,
+                          env=_launcher_env(lender), check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "exit 3 forked True lent True" in out, out + done.stderr
+    assert f"argv ['3'] env 42 cwd {tmp_path}" in out and "tf 3.0" in out, out
+    assert f"terminated {-signal.SIGTERM} worker:1 was killed by SIGTERM" in out, out
+    launcher_pid = int(out.split("launcher ")[1].split()[0])
+    assert _lent_zygotes(launcher_pid) == []  # its exit closed the connection; it waited for the lent zygote to end
+
+
+def test_a_lent_zygote_that_imported_under_other_variables_is_given_back(tmp_path, lender):
+    """A process whose import-time variables differ from the lender's (here ``OMP_NUM_THREADS``) would have
+    every task started the usual way by the lent zygote: it ends that one and goes on to start its own."""
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(textwrap.dedent("""
+        import logging, os
+        logging.basicConfig(level=logging.INFO)
+        from tfdist.cluster import zygote
+        zygote._failed = True  # an own zygote would be started next: answer None instead of importing TF
+        print("zygote", zygote.zygote(os.environ), "pid", os.getpid(), flush=True)
+    """))
+    env = {**_launcher_env(lender), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(launcher)], capture_output=True, text=True, timeout=120, env=env,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "zygote None" in done.stdout, done.stdout + done.stderr
+    assert "imported under other import-time variables" in done.stderr, done.stderr
+    assert _lent_zygotes(int(done.stdout.split("pid")[1])) == []  # the lent one was closed, not left running
+
+
+def test_a_launcher_whose_lender_is_gone_goes_on_to_start_its_own_zygote(tmp_path):
+    """A stale ``TFDIST_ZYGOTE_SOCKET`` (nothing listens) costs a warning, then the usual start of a zygote of
+    its own (here marked as failed before, so that path is seen without paying its TensorFlow import)."""
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(textwrap.dedent("""
+        import os
+        from tfdist.cluster import zygote
+        zygote._failed = True  # an own zygote would be started next: answer None instead of importing TF
+        print("zygote", zygote.zygote(os.environ), flush=True)
+    """))
+    env = {**_launcher_env(), "TFDIST_ZYGOTE_SOCKET": str(tmp_path / "nobody.sock")}
+    done = subprocess.run([sys.executable, str(launcher)], capture_output=True, text=True, timeout=120, env=env,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "zygote None" in done.stdout, done.stdout + done.stderr
+    assert "could not use the zygote lent at TFDIST_ZYGOTE_SOCKET=" in done.stderr, done.stderr
 
 
 def _alive(pid: int) -> bool:

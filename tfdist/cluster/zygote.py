@@ -26,10 +26,20 @@ shows its own command line in ``ps``. It keeps the zygote's string hash seed
 strings alike, where fresh interpreters would not, so run a suite once with
 ``TFDIST_FAST_START=0`` to catch code that depends on set order agreeing
 across processes.
+
+A process can also lend its zygote to the processes it starts:
+:func:`serve_forks` listens on a Unix socket and names it in
+``TFDIST_ZYGOTE_SOCKET``; a process that finds that variable (e.g. a
+``python -m tfdist.launch`` a test started) asks that zygote for a zygote of
+its own, forked with TensorFlow already imported, instead of importing
+TensorFlow again. That forked zygote serves the one connection and ends when
+the connection closes (the asking process ended, however it ended); its tasks
+end with it by their death signal, as with a zygote of one's own.
 """
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import logging
@@ -42,9 +52,10 @@ import sys
 import threading
 from typing import Mapping, Sequence
 
-from tfdist import exit_status
+from tfdist import constants, exit_status
 
-__all__ = ["fast_start_enabled", "Zygote", "ForkedProcess", "zygote", "can_fork"]
+__all__ = ["fast_start_enabled", "Zygote", "ForkedProcess", "zygote", "can_fork", "serve_forks",
+           "ZygoteLender"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +82,14 @@ def fast_start_enabled(flag: bool | None = None) -> bool:
 
 
 def _import_time_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
+    found = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
+    if found.get("TF2_BEHAVIOR") == "1":  # what ``import tensorflow`` sets it to: a process that imported TF has it
+        del found["TF2_BEHAVIOR"]
+    return found
+
+
+#: The import-time variables this zygote process started with (set in the zygote, before its imports).
+_started_env: dict[str, str] = {}
 
 
 def _target(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
@@ -142,16 +160,36 @@ class ForkedProcess:
 class Zygote:
     """One zygote process and the exit codes of the tasks it forked."""
 
-    def __init__(self, env: Mapping[str, str]):
+    def __init__(self, env: Mapping[str, str], address: str | None = None):
+        """Starts a zygote process with ``env``, or, given ``address``, asks the one lent there for its own.
+
+        Args:
+            env: The environment the zygote imports under (tasks whose import-time variables differ are
+                not forked).
+            address: Path of a Unix socket served by :func:`serve_forks` in another process. The zygote
+                forked there has that process's environment; its import-time variables are the ones
+                compared.
+        """
         self.env = dict(env)
         self._import_env = _import_time_env(self.env)
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", "from tfdist.cluster.zygote import _serve; _serve()", str(child.fileno()),
-             str(os.getpid())],
-            env=self.env, stdin=subprocess.DEVNULL, pass_fds=[child.fileno()], start_new_session=True,
-        )
-        child.close()
+        self._proc: subprocess.Popen | None = None
+        if address is None:
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", "from tfdist.cluster.zygote import _serve; _serve()", str(child.fileno()),
+                 str(os.getpid())],
+                env=self.env, stdin=subprocess.DEVNULL, pass_fds=[child.fileno()], start_new_session=True,
+            )
+            child.close()
+        else:
+            parent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                parent.settimeout(10.0)
+                parent.connect(address)
+                parent.settimeout(None)
+            except OSError:
+                parent.close()
+                raise
         self._sock = parent
         self._request_lock = threading.Lock()
         self._next_id = 0
@@ -160,12 +198,20 @@ class Zygote:
         self._abandoned: set[int] = set()  # requests whose reply came too late
         self._cond = threading.Condition()
         self._dead: str | None = None
-        threading.Thread(target=self._read, daemon=True, name="tfdist-zygote-reader").start()
+        self._reader = threading.Thread(target=self._read, daemon=True, name="tfdist-zygote-reader")
+        self._reader.start()
         try:
-            self._wait_reply(0, "ready", timeout=120.0)
+            ready = self._wait_reply(0, "ready", timeout=120.0)
         except Exception:
             self.close()
             raise
+        if "import_env" in ready:  # a lent zygote: it imported under its owner's environment
+            self._import_env = dict(ready["import_env"])
+
+    @property
+    def lent(self) -> bool:
+        """Whether this zygote was forked from another process's (:func:`serve_forks`)."""
+        return self._proc is None
 
     # The zygote sends {"id": 0, "ready"}, {"id": n, "pid": ...} or {"id": n, "error": ...} replies, and
     # {"exit": pid, "code": c} any time.
@@ -202,7 +248,7 @@ class Zygote:
 
     @property
     def alive(self) -> bool:
-        return self._dead is None and self._proc.poll() is None
+        return self._dead is None and (self._proc is None or self._proc.poll() is None)
 
     def accepts(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
         """Whether the zygote can run ``argv`` with ``env`` exactly as a fresh interpreter would."""
@@ -258,15 +304,43 @@ class Zygote:
         return self.exit_code(pid)
 
     def close(self) -> None:
+        """Ends the zygote; a lent one ends when it reads the end of the connection (waited for, 10 s at most)."""
+        if self._proc is None and self._dead is None:
+            try:
+                self._sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            self._reader.join(10.0)  # its end of the connection closes when it has exited
         with self._cond:
             self._dead = self._dead or "closed"
             self._cond.notify_all()
         try:
             self._sock.close()
         finally:
-            if self._proc.poll() is None:
-                self._proc.kill()
-            self._proc.wait(10)
+            if self._proc is not None:
+                if self._proc.poll() is None:
+                    self._proc.kill()
+                self._proc.wait(10)
+
+    def lend(self, connection: socket.socket, timeout: float = SPAWN_TIMEOUT_S) -> int:
+        """Forks a zygote that serves ``connection`` (another process's); returns its pid.
+
+        The forked zygote answers on ``connection`` as a zygote started for
+        that process would, and ends when the connection closes.
+        """
+        with self._request_lock:
+            self._next_id += 1
+            request_id = self._next_id
+            _send(self._sock, {"id": request_id, "lend": True}, [connection.fileno()])
+            try:
+                reply = self._wait_reply(request_id, "pid", timeout=timeout)
+            except Exception:
+                with self._cond:
+                    self._abandoned.add(request_id)
+                raise
+        if "pid" not in reply:
+            raise RuntimeError(f"the zygote could not fork a zygote to lend: {reply.get('error')}")
+        return int(reply["pid"])
 
 
 def _kill_group(pid: int) -> None:
@@ -282,19 +356,41 @@ def _kill_group(pid: int) -> None:
 _zygote: Zygote | None = None
 _failed = False
 _zygote_lock = threading.Lock()
+_lent_failed = False
+#: The socket this process lends its own zygote on (:func:`serve_forks`): never asked by this process itself.
+_lending_at: set[str] = set()
 
 
 def zygote(env: Mapping[str, str]) -> Zygote | None:
     """This process's zygote (started on first use with ``env``); None if it cannot start.
 
-    It is started from a thread that lives as long as this process: Linux
-    sends the parent-death signal when the *thread* that forked a child ends,
-    and the zygote must outlive whichever thread first started a task.
+    With ``TFDIST_ZYGOTE_SOCKET`` set (another process lends its zygote,
+    :func:`serve_forks`), the zygote is forked there; if that fails, one is
+    started here. A zygote of one's own is started from a thread that lives
+    as long as this process: Linux sends the parent-death signal when the
+    *thread* that forked a child ends, and the zygote must outlive whichever
+    thread first started a task.
     """
-    global _zygote, _failed
+    global _zygote, _failed, _lent_failed
     with _zygote_lock:
         if _zygote is not None and _zygote.alive:
             return _zygote
+        address = os.environ.get(constants.ENV_ZYGOTE_SOCKET, "")
+        if address and address not in _lending_at and not _lent_failed:
+            try:
+                lent = Zygote(env, address=address)
+                if lent._import_env == _import_time_env(env):
+                    atexit.register(lent.close)  # a clean exit waits for it to end (no child left behind)
+                    _zygote = lent
+                    return _zygote
+                logger.info("the zygote lent at %s imported under other import-time variables; starting one here",
+                            address)
+                lent.close()
+                _lent_failed = True
+            except (OSError, RuntimeError) as e:  # the lender is gone or refused: import here, as without it
+                logger.warning("could not use the zygote lent at %s=%s (%s); starting one here",
+                               constants.ENV_ZYGOTE_SOCKET, address, e)
+                _zygote, _lent_failed = None, True
         if _failed:  # it could not start (or stopped answering) once: tasks start the usual way from now on
             return None
         result: list = []
@@ -318,6 +414,77 @@ def zygote(env: Mapping[str, str]) -> Zygote | None:
         return _zygote
 
 
+class ZygoteLender:
+    """Lends this process's zygote to other processes on a Unix socket (see :func:`serve_forks`)."""
+
+    def __init__(self, path: str, env: Mapping[str, str] | None = None):
+        self.path = path
+        self._env = None if env is None else dict(env)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        os.chmod(path, 0o600)
+        self._listener.listen(64)
+        self._closed = threading.Event()
+        _lending_at.add(path)
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="tfdist-zygote-lender")
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            with connection:
+                try:
+                    _pid, uid, _gid = struct.unpack("3i", connection.getsockopt(
+                        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+                    if uid != os.getuid():  # the socket is the owner's only (0600): defence in depth
+                        continue
+                    z = zygote(os.environ if self._env is None else self._env)  # started on first use
+                    if z is not None:
+                        z.lend(connection)
+                except (OSError, RuntimeError) as e:  # the asker reads the end of the connection, imports itself
+                    logger.warning("could not lend the zygote (%s)", e)
+
+    def close(self) -> None:
+        """Stops lending; zygotes already lent go on until their connections close."""
+        self._closed.set()
+        _lending_at.discard(self.path)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        self._thread.join(10.0)
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def serve_forks(path: str, env: Mapping[str, str] | None = None) -> ZygoteLender:
+    """Lends this process's zygote to the processes it starts, on the Unix socket ``path``.
+
+    Set ``TFDIST_ZYGOTE_SOCKET=path`` in their environment: with fast start
+    on, each asks here for a zygote forked from this process's (started on
+    the first ask, with ``env``, default ``os.environ`` as it is then) instead of importing
+    TensorFlow in a zygote of its own. Only processes of this user can
+    connect (the socket is mode 0600). A test suite that starts many
+    launchers saves one TensorFlow import per launcher.
+
+    Example:
+
+    ```python
+    lender = serve_forks(os.path.join(private_dir, "zygote.sock"))
+    os.environ["TFDIST_ZYGOTE_SOCKET"] = lender.path
+    ...
+    lender.close()
+    ```
+    """
+    return ZygoteLender(path, env)
+
+
 def can_fork() -> bool:
     return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
 
@@ -337,21 +504,28 @@ def _die_with(parent_pid: int) -> None:
 def _serve() -> None:
     """The zygote's main loop (``python -c ... FD PARENT_PID``): fork a task per request, report exits."""
     import importlib
-    import select
 
     fd, parent_pid = int(sys.argv[1]), int(sys.argv[2])
     _die_with(parent_pid)
     sock = socket.socket(fileno=fd)
+    _started_env.update(_import_time_env(os.environ))  # before the imports change it (as TensorFlow's does)
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except ImportError:  # optional (setproctitle): the child imports what it needs
             pass
+    _serve_connection(sock, {"id": 0, "ready": True})
+
+
+def _serve_connection(sock: socket.socket, ready: dict) -> None:
+    """Answers ``ready``, then forks a task (or a zygote to lend) per request on ``sock``; never returns."""
+    import select
+
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    _send(sock, {"id": 0, "ready": True})
+    _send(sock, ready)
     me = os.getpid()
     while True:
         readable, _, _ = select.select([sock, wake_r], [], [])
@@ -377,15 +551,35 @@ def _serve() -> None:
             if pid == 0:
                 os.close(wake_r)
                 os.close(wake_w)
+                if request.get("lend"):
+                    _lent(sock, fds, me)  # never returns
                 _child(sock, request, fds, me)  # never returns
-            try:  # its own process group before anyone can signal it (the child does the same: no race)
-                os.setpgid(pid, pid)
-            except OSError:
-                pass
+            if not request.get("lend"):
+                try:  # its own process group before anyone can signal it (the child does the same: no race)
+                    os.setpgid(pid, pid)
+                except OSError:
+                    pass
             for f in fds:
                 os.close(f)
             _send(sock, {"id": request.get("id", -1), "pid": pid})
         _reap(sock)
+
+
+def _lent(sock: socket.socket, fds: list[int], zygote_pid: int) -> None:
+    """In a zygote forked to lend: serve the connection ``fds[0]`` (another process's) until it closes.
+
+    Never returns: it ends by ``os._exit`` when the connection closes, and its forked tasks end by raising
+    ``SystemExit`` through here, as a task of the zygote itself does through :func:`_serve`.
+    """
+    sock.close()
+    for f in fds[1:]:
+        os.close(f)
+    connection = socket.socket(fileno=fds[0])
+    _die_with(zygote_pid)
+    asker = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                      struct.calcsize("3i")))[0]
+    _set_title([f"tfdist-zygote lent to pid {asker}"])  # ps tells which process's tasks are below it
+    _serve_connection(connection, {"id": 0, "ready": True, "import_env": _started_env})
 
 
 def _reap(sock: socket.socket) -> None:

@@ -15,6 +15,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import sys
 import time
 import traceback
 
@@ -106,8 +107,58 @@ class _Evaluator:
         }
 
 
+#: What the pool's fork server imports once: each worker forked from it starts without importing TensorFlow.
+FORKSERVER_PRELOAD = ("numpy", "tensorflow", "keras", "tfdist.federated._backend")
+
+
+def _context():
+    """The pool's start method: with fast start on (``TFDIST_FAST_START=1``, as for local clusters) and on
+    Linux, a fork server that imported TensorFlow once (it never runs an op, so its forks copy no
+    TensorFlow runtime, as with ``tfdist.cluster.zygote``); else ``spawn``, a fresh interpreter per worker."""
+    from tfdist.cluster.zygote import fast_start_enabled
+
+    forkserver = sys.platform.startswith("linux") and "forkserver" in mp.get_all_start_methods()
+    if not (forkserver and fast_start_enabled()):
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # read when the fork server starts (once per process)
+    return ctx
+
+
+#: A pid file descriptor of the main process, opened by a forked worker the first time it looks.
+_main_pidfd: int | None = None
+#: Whether this worker's parent is the main process (spawned): then its parent changes when it ends.
+_spawned = False
+
+
 def _parent_alive(parent_pid: int) -> bool:
-    return os.getppid() == parent_pid
+    """Whether the main process ``parent_pid`` is still there.
+
+    A spawned worker's parent is the main process. A worker forked from the fork server is the fork
+    server's child, and the fork server outlives the main process as long as a worker does (each
+    worker holds the fd whose end tells it to stop): such a worker watches the main process through
+    a pid file descriptor (Linux 5.3+), opened while the main process waits for it to start.
+    """
+    global _main_pidfd, _spawned
+    if _spawned or os.getppid() == parent_pid:
+        _spawned = True
+        return os.getppid() == parent_pid
+    if _main_pidfd is None:
+        try:
+            _main_pidfd = os.pidfd_open(parent_pid)
+        except ProcessLookupError:
+            return False
+        except (AttributeError, OSError):  # no pidfd_open (old kernel): whether that pid exists at all
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:  # pragma: no cover - someone else's process took the pid
+                return False
+            return True
+    import select
+
+    return not select.select([_main_pidfd], [], [], 0)[0]  # readable once the process has ended
 
 
 def _get_spec(q, parent_pid, poll_s):
@@ -125,6 +176,7 @@ def _get_spec(q, parent_pid, poll_s):
 def _train_worker_main(name, task_q, inbox, parent_pid, poll_s):
     """Algorithm 2 (train worker): take a client, train it, return the weights."""
     try:
+        np.random.seed()  # forked from the fork server: its own NumPy global state, as a spawned worker has
         spec = _get_spec(task_q, parent_pid, poll_s)
         limit_tf_threads(spec.threads)
         runner = _TrainRunner(spec)
@@ -149,6 +201,7 @@ def _train_worker_main(name, task_q, inbox, parent_pid, poll_s):
 def _test_worker_main(name, test_q, inbox, parent_pid, poll_s):
     """Algorithm 3 (test worker): evaluate the snapshots the main process sends."""
     try:
+        np.random.seed()
         spec = _get_spec(test_q, parent_pid, poll_s)
         limit_tf_threads(spec.threads)
         evaluator = _Evaluator(spec)
@@ -216,14 +269,15 @@ class InlineBackend:
 
 
 class ProcessBackend:
-    """A pool of spawned train-worker processes plus a test process.
+    """A pool of train-worker processes plus a test process (spawned, or, with ``TFDIST_FAST_START=1`` on
+    Linux, forked from a fork server that imported TensorFlow once).
 
     Args:
         spec: what every worker needs.
         num_workers: train-worker processes (several per core are fine; each
             runs TF with ``spec.threads`` threads).
         evaluate: start the test process.
-        start_timeout_s: bound on start-up (spawn + TF import + model build).
+        start_timeout_s: bound on start-up (process start + TF import + model build).
         task_timeout_s: bound on waiting for any one result.
         poll_s: how often waits wake up to check that the children are alive.
     """
@@ -247,7 +301,7 @@ class ProcessBackend:
     # -- life cycle ---------------------------------------------------------
     def start(self) -> None:
         t0 = time.perf_counter()
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         self._task_q, self._test_q, self._inbox = ctx.Queue(), ctx.Queue(), ctx.Queue()
         pid = os.getpid()
         try:

@@ -83,16 +83,21 @@ def serve(config: JobConfig, task: TaskSpec, port: int | None = None) -> int:
         over, so a supervisor (the launcher's ``launch.restart_ps``, a
         Kubernetes ``OnFailure`` policy) starts it again as it would a killed task.
     """
-    server = build_server(config, task, port=port).start()
     stopped_by: list[int] = []
+    server = None
 
     def _stop(signum, frame):
         logger.info("ps:%d got signal %d; stopping", task.index, signum)
         stopped_by.append(signum)
-        server.stop(0.5)
+        if server is not None:
+            server.stop(0.5)
 
+    # Before the server starts (and says "serving on"): a signal from then on stops it the same way.
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    server = build_server(config, task, port=port).start()
+    if stopped_by:  # a signal came while it started
+        server.stop(0.5)
     server.wait()
     return 128 + stopped_by[0] if stopped_by else 0
 
