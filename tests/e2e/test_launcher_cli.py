@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tfdist.cluster.local import free_port
+from tfdist.testing.output import OutputLines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "integration", "scripts", "train_worker.py")
@@ -147,10 +148,8 @@ def test_ctrl_c_stops_every_task(tmp_path):
                              "--tag", tag], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
-        deadline = time.monotonic() + 120
-        for line in proc.stdout:  # wait until training really runs
-            if "Epoch 2/" in line or time.monotonic() > deadline:
-                break
+        out = OutputLines(proc.stdout)
+        assert out.wait_for("Epoch 2/", timeout_s=120), out.text()  # training really runs
         assert len([p for p in _tagged(tag) if p != proc.pid]) == 2  # both workers are up
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 130

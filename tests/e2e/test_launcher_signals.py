@@ -19,6 +19,8 @@ import time
 import psutil
 import pytest
 
+from tfdist.testing.output import OutputLines
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TASK = os.path.join(ROOT, "tests", "e2e", "scripts", "launcher_task.py")
 pytestmark = pytest.mark.timeout(180)
@@ -68,18 +70,13 @@ def _stop_on_signal(tmp_path, sig, ignore_sigint=False):
         argv = ["bash", "-c", 'trap "" INT; exec "$@"', "bash", *argv]
     proc = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        lines = []
-        deadline = time.monotonic() + 90
-        for line in proc.stdout:  # bounded: the task prints "ready" within seconds, or the deadline ends the wait
-            lines.append(line)
-            if "ready" in line or time.monotonic() > deadline:
-                break
-        assert any("ready" in line for line in lines), "".join(lines)
+        out = OutputLines(proc.stdout)
+        assert out.wait_for("ready", timeout_s=90), out.text()  # the task prints it within seconds
         tasks = [p.pid for p in _tasks_of(proc.pid)]
         assert tasks, "no task process found"
         proc.send_signal(sig)
-        rest, _ = proc.communicate(timeout=60)
-        return proc.returncode, "".join(lines) + rest, tasks
+        proc.wait(60)
+        return proc.returncode, out.drain(timeout_s=10), tasks
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -159,16 +156,11 @@ def test_a_ps_task_stopped_by_sigterm_is_started_again(tmp_path):
     proc = subprocess.Popen(_argv(tmp_path, "wait"), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        lines = []
+        out = OutputLines(proc.stdout)
         deadline = time.monotonic() + 90
 
         def read_until(text):
-            if not any(text in line for line in lines):
-                for line in proc.stdout:  # bounded by the deadline, checked at every line
-                    lines.append(line)
-                    if text in line or time.monotonic() > deadline:
-                        break
-            assert any(text in line for line in lines), "".join(lines)
+            assert out.wait_for(text, timeout_s=max(deadline - time.monotonic(), 0.1)), out.text()
 
         read_until("ready")
         read_until("ps:0 serving on")  # its SIGTERM handler is in place (the worker may be ready first)
@@ -177,8 +169,8 @@ def test_a_ps_task_stopped_by_sigterm_is_started_again(tmp_path):
         ps[0].send_signal(signal.SIGTERM)
         read_until("Task ps:0 exited with code 143; restarting it (1 of at most 3")
         proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 143, "".join(lines) + rest
+        proc.wait(60)
+        assert proc.returncode == 143, out.drain(timeout_s=10)
     finally:
         if proc.poll() is None:
             proc.kill()
