@@ -47,6 +47,14 @@ __all__ = ["DynamicEmbedding", "ShardedEmbedding", "hash_strings", "row_optimize
 logger = logging.getLogger(__name__)
 
 
+def _require_ps_initializer(layer, init) -> None:
+    """The parameter servers create rows with an initializer they can run themselves: refuse any other."""
+    if init is None:
+        raise ConfigError(f"{type(layer).__name__} {layer.name!r}: the parameter servers cannot run the initializer "
+                          f"{type(layer.embeddings_initializer).__name__}; use uniform, normal, truncated_normal "
+                          "or zeros.")
+
+
 @keras.saving.register_keras_serializable(package="tfdist")
 class ShardedEmbedding(keras.layers.Layer):
     """``keras.layers.Embedding`` whose table lives on the parameter servers (see the module docstring).
@@ -83,10 +91,7 @@ class ShardedEmbedding(keras.layers.Layer):
             self.embeddings = self.add_weight(shape=(self.input_dim, self.output_dim), name="embeddings",
                                               initializer=self.embeddings_initializer)
         else:
-            if init is None:
-                raise ConfigError(f"ShardedEmbedding {self.name!r}: the parameter servers cannot run the initializer "
-                                  f"{type(self.embeddings_initializer).__name__}; use uniform, normal, "
-                                  "truncated_normal or zeros.")
+            _require_ps_initializer(self, init)
             self._runtime = runtime
             # The step's gradient reaches the table through this scalar (its own gradient is always 0).
             self._anchor = self.add_weight(shape=(), name="table_anchor", initializer="zeros")
@@ -254,10 +259,7 @@ class DynamicEmbedding(keras.layers.Layer):
             self._anchor = self.add_weight(shape=(), name="table_anchor", initializer="zeros", trainable=False)
             self.built = True
             return
-        if init is None:
-            raise ConfigError(f"DynamicEmbedding {self.name!r}: the parameter servers cannot run the initializer "
-                              f"{type(self.embeddings_initializer).__name__}; use uniform, normal, truncated_normal "
-                              "or zeros.")
+        _require_ps_initializer(self, init)
         self._runtime = runtime
         self._anchor = self.add_weight(shape=(), name="table_anchor", initializer="zeros")
         self._table_key = runtime.register_table(self.name, 0, self.output_dim, init, self.row_optimizer, self.seed,

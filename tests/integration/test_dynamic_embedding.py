@@ -155,6 +155,22 @@ def test_outside_a_ps_strategy_the_layer_reads_its_default_and_bad_options_are_r
         tfdist.layers.DynamicEmbedding(DIM, eviction="random")
 
 
+@pytest.mark.parametrize("layer", ["ShardedEmbedding", "DynamicEmbedding"])
+def test_an_initializer_the_ps_cannot_run_is_refused_naming_the_layer(layer):
+    keras.backend.clear_session()
+    strategy = tfdist.ParameterServerStrategy()
+    try:
+        with strategy.scope():
+            make = (lambda: tfdist.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="orthogonal",
+                                                          name="t")) if layer == "ShardedEmbedding" else \
+                (lambda: tfdist.layers.DynamicEmbedding(DIM, embeddings_initializer="orthogonal", name="t"))
+            with pytest.raises(ConfigError, match=f"{layer} 't': the parameter servers cannot run the initializer "
+                                                  "Orthogonal"):
+                _model(make())
+    finally:
+        strategy.shutdown()
+
+
 def _run_cluster(tmp_path, scripts_dir, mode, steps=10, batch=8):
     from tfdist.testing import LocalCluster
 

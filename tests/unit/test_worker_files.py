@@ -72,6 +72,7 @@ def test_backup_and_restore_restores_every_worker_from_the_chiefs_backup(tmp_pat
     chief.save_weights(str(tmp_path / "backup" / "latest.weights.h5"))
     with open(tmp_path / "backup" / "training_metadata.json", "w") as f:
         json.dump({"epoch": 2}, f)
+    _before_this_process(tmp_path / "backup")  # a backup of the job this worker resumes
     backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
     cb_list = keras.callbacks.CallbackList([backup], model=other)
     cb_list.on_train_begin()
@@ -79,6 +80,38 @@ def test_backup_and_restore_restores_every_worker_from_the_chiefs_backup(tmp_pat
     assert not backup.backup_dir.startswith(str(tmp_path))  # its own backups go elsewhere
     cb_list.on_train_end()
     assert os.path.exists(tmp_path / "backup" / "latest.weights.h5")  # the chief's backup is the chief's to delete
+
+
+def _before_this_process(directory):
+    when = _worker_files._process_start_time() - 60
+    for name in os.listdir(directory):
+        os.utime(directory / name, (when, when))
+
+
+def test_a_backup_the_chief_wrote_while_this_worker_ran_is_not_restored(tmp_path):
+    """Asynchronous workers drift apart: the chief's backup of the fit it is running is not this worker's start."""
+    chief, other = _model(0), _model(1)
+    chief.set_weights([np.full((2, 1), 3.0, "float32"), np.zeros(1, "float32")])
+    before = [w.copy() for w in other.get_weights()]
+    os.makedirs(tmp_path / "backup")
+    chief.save_weights(str(tmp_path / "backup" / "latest.weights.h5"))
+    with open(tmp_path / "backup" / "training_metadata.json", "w") as f:
+        json.dump({"epoch": 2}, f)
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    cb_list = keras.callbacks.CallbackList([backup], model=other)
+    cb_list.on_train_begin()
+    assert getattr(other, "_initial_epoch", 0) in (0, None)
+    assert all(np.array_equal(a, b) for a, b in zip(other.get_weights(), before))
+    assert not backup.backup_dir.startswith(str(tmp_path))  # and its own backups go elsewhere
+    cb_list.on_train_end()
+    assert backup.backup_dir == str(tmp_path / "backup")
+    assert sorted(os.listdir(tmp_path / "backup")) == ["latest.weights.h5", "training_metadata.json"]
+
+
+def test_the_process_start_time_is_this_process(tmp_path):
+    import time
+    start = _worker_files._process_start_time()
+    assert _worker_files._IMPORTED - 3600 <= start <= _worker_files._IMPORTED + 1 <= time.time() + 1, start
 
 
 def test_model_save_writes_a_temporary_file_and_renames_it(tmp_path, monkeypatch):

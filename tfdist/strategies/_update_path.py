@@ -188,15 +188,14 @@ class UpdatePathRuntime(PSRuntime):
         def end(*tensors):
             held = self._holds_next_step()  # the step stays local: its values are not needed
             current = None if held else [np.asarray(t) for t in tensors[:-1]]
-            if not fold_in_graph:
-                self.end_step(current, float(tensors[-1].numpy()) if has_loss and not held else None)
-                return self.step_stats()
-            self._graph_fold = {}
+            self._graph_fold = {} if fold_in_graph else None
             try:
                 self.end_step(current, float(tensors[-1].numpy()) if has_loss and not held else None)
                 corrections = self._graph_fold
             finally:
                 self._graph_fold = None
+            if not fold_in_graph:
+                return self.step_stats()
             return [self.step_stats(), *self._fold_outputs(corrections, keys, variables)]
 
         if not fold_in_graph:

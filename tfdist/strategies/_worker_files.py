@@ -14,7 +14,10 @@ strategy, on a worker that is not the chief (:attr:`is_chief` is False):
 * ``BackupAndRestore`` restores from the chief's backup (so every worker
   resumes from the same epoch and weights) and writes its own backups to a
   temporary directory removed at the end of ``fit`` (the chief's backup is
-  deleted by the chief alone);
+  deleted by the chief alone). Only a backup older than this process is
+  restored: one the chief wrote while this worker ran belongs to a ``fit``
+  the chief is running (asynchronous workers drift apart), not to a job this
+  worker resumes, and restoring it would skip this worker's epochs;
 * and on every worker ``model.save``/``save_weights`` write a temporary file
   beside the target and rename it into place, so a reader never sees a
   half-written file and two workers saving one path never collide.
@@ -31,6 +34,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 
 import keras
 
@@ -131,6 +135,33 @@ def _redirect_backup(callback, worker: int) -> None:
     setattr(callback, _TEMP, temp)
 
 
+def _process_start_time() -> float:
+    """When this process started, in ``time.time()`` seconds (a forked child's own start, not its parent's)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time, clock ticks after boot
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
+
+
+def _written_while_running(callback) -> bool:
+    """Whether the chief's backup at ``callback``'s paths was written after this process started."""
+    paths = [getattr(callback, name, None) for name in ("_weights_path", "_training_metadata_path")]
+    # btime and the tick count are whole seconds and ticks: a second's margin keeps a backup from the
+    # second this process started out of doubt the safe way (not restored)
+    start = _process_start_time() - 1.0
+    try:
+        return any(os.path.getmtime(p) >= start for p in paths if p and os.path.exists(p))
+    except OSError:  # removed meanwhile (the chief's fit ended): nothing to restore
+        return True
+
+
 def _callbacks(callback_list):
     return list(getattr(callback_list, "callbacks", []) or [])
 
@@ -159,8 +190,12 @@ def install() -> None:
         worker = _non_chief_worker(model) if model is not None else None
         backups = [cb for cb in _callbacks(self) if isinstance(cb, keras.callbacks.BackupAndRestore)]
         if worker is not None:
-            for cb in backups:  # restore from the chief's backup
+            for cb in backups:  # restore from the chief's backup, if it predates this process
                 _restore(cb)
+                if _written_while_running(cb):
+                    logger.info("worker %d is not the chief: the backup in %s was written while this worker ran "
+                                "(the chief's fit going on), not restored", worker, cb.backup_dir)
+                    _redirect_backup(cb, worker)  # reads (nothing) and writes its own temporary directory
         result = on_train_begin(self, logs)
         if worker is not None:
             for cb in backups:
