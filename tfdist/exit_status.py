@@ -19,11 +19,14 @@ Python reports no ``SystemExit`` to any hook, so :func:`install` also wraps
 ``sys.exit`` and the ``exit``/``quit`` builtins: a script (its main thread)
 that calls ``sys.exit(1)`` (or any non-zero code or a message) is recorded
 as failed before the ``SystemExit`` is raised. Left unseen in a plain
-interpreter: ``raise SystemExit(1)`` written out, and ``os._exit`` (no exit
-hook runs at all). The last call wins: a script that catches the
-``SystemExit`` of ``sys.exit(1)`` and then ends cleanly is still recorded as
-failed unless it calls ``sys.exit(0)``. Tasks the launcher forks from its
-zygote (``TFDIST_FAST_START=1``) are seen either way.
+``python SCRIPT`` interpreter: ``raise SystemExit(1)`` written out, and
+``os._exit`` (no exit hook runs at all: such a task never says it is done).
+The last call wins: a script that catches the ``SystemExit`` of
+``sys.exit(1)`` and then ends cleanly is still recorded as failed unless it
+calls ``sys.exit(0)``. A script run by :mod:`tfdist.run` (``python -m
+tfdist.run SCRIPT``: how the launcher and the Kubernetes manifests start
+training tasks; the launcher's zygote does the same) is seen however it
+ends.
 """
 
 from __future__ import annotations

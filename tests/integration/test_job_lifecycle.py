@@ -212,16 +212,21 @@ def test_a_chief_that_raises_after_fit_never_says_done_and_its_restart_ends_the_
                 p.kill()
 
 
-@pytest.mark.parametrize("how", [["--raise-after-fit"], ["--exit-after-fit", "1"]], ids=["raise", "sys.exit(1)"])
+@pytest.mark.parametrize("how", [["--raise-after-fit"], ["--exit-after-fit", "1"], ["--raise-system-exit", "1"]],
+                         ids=["raise", "sys.exit(1)", "raise SystemExit(1) through tfdist.run"])
 def test_a_script_that_raises_never_says_done(tmp_path, how):
     """A worker whose script raises (or calls ``sys.exit(1)``) after ``fit`` leaves the PS serving (no ``Done``);
-    one PS task in this process."""
+    one PS task in this process. ``raise SystemExit(1)`` written out is seen only where tfdist runs the script
+    (``python -m tfdist.run``, how the launcher and the manifests start a training task: ``task_argv``)."""
+    from tfdist.cluster.local import task_argv
     from tfdist.ps.server import PSServer
 
     server = PSServer(None, token=TOKEN, num_workers=1).start()
     cluster = {"worker": [f"127.0.0.1:{free_port()}"], "ps": [server.address]}
     env = {**_base_env(), "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})}
-    proc = TaskProcess(TaskSpec("worker", 0), [sys.executable, CRASH_SCRIPT, *how], env,
+    argv = task_argv(TaskSpec("worker", 0), CRASH_SCRIPT, how) if how[0] == "--raise-system-exit" else \
+        [sys.executable, CRASH_SCRIPT, *how]
+    proc = TaskProcess(TaskSpec("worker", 0), argv, env,
                        log_path=str(tmp_path / "worker-0.log"), forward_stdout=False, forward_stderr=False).start()
     try:
         code = proc.wait(150)

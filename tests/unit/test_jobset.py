@@ -160,7 +160,7 @@ def test_pods_share_the_plain_manifests_parts():
     assert ps_pod["containers"][0]["command"] == ["python", "-m", "tfdist.ps"]
     assert {v["name"] for v in ps_pod["volumes"]} == {"checkpoints", "token"}
     chief_pod = by_name["chief"]["template"]["spec"]
-    assert chief_pod["containers"][0]["command"] == ["python", "train.py"]
+    assert chief_pod["containers"][0]["command"] == ["python", "-m", "tfdist.run", "train.py"]
     assert "checkpoints" in {v["name"] for v in chief_pod["volumes"]}
     assert constants.ENV_TOKEN not in container_env({"template": {"spec": by_name["worker"]}})  # a mounted file
 

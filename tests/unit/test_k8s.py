@@ -110,7 +110,7 @@ def test_plain_manifests_for_multi_machine():
         if task.job == "ps":
             assert container["command"] == ["python", "-m", "tfdist.ps"]
         else:
-            assert container["command"] == ["python", "examples/train_digits.py", "--epochs", "3"]
+            assert container["command"] == ["python", "-m", "tfdist.run", "examples/train_digits.py", "--epochs", "3"]
         # every task restarts in place: a PS restores its checkpoint, the chief rejoins (launch.restart_chief)
         assert pod["restartPolicy"] == "OnFailure" and job["spec"]["backoffLimit"] == k8s.RESTART_LIMIT
         assert "activeDeadlineSeconds" not in job["spec"]
@@ -219,7 +219,7 @@ def test_kubeflow_tfjob_structure():
         assert container["name"] == "tensorflow"  # the operator reads the port from this container
         assert container["ports"] == [{"name": "tfjob-port", "containerPort": 2222}]
         assert container["command"] == (["python", "-m", "tfdist.ps"] if rtype == "PS"
-                                        else ["python", "train.py", "--epochs", "2"])
+                                        else ["python", "-m", "tfdist.run", "train.py", "--epochs", "2"])
         env = _values(container)
         assert constants.ENV_TF_CONFIG not in env  # the operator writes it
         expected = k8s.kubeflow_config(cfg, "training")
@@ -533,7 +533,7 @@ def test_cli_emit_k8s_with_counts_script_and_arguments(capsys, tmp_path):
     assert [d["metadata"]["name"] for d in docs] == ["digits", "digits-ps-0", "digits-worker-0", "digits-worker-1"]
     assert {d["metadata"]["namespace"] for d in docs} == {"training"}
     assert _containers(docs)[TaskSpec("worker", 1)][1]["command"] == [
-        "python", "examples/train_digits.py", "--epochs", "3"]
+        "python", "-m", "tfdist.run", "examples/train_digits.py", "--epochs", "3"]
 
 
 def test_cli_emit_is_not_held_to_the_local_task_limit(capsys, monkeypatch, tmp_path):

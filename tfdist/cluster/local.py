@@ -217,7 +217,8 @@ def task_argv(task: TaskSpec, script: str | None, script_args: Sequence[str],
                 *config.launch.input_args]
     if script is None:
         raise LaunchError(f"Task {task} needs a script to run, and none was given.")
-    return [sys.executable, script, *script_args]
+    # Through tfdist.run: every way the script ends is seen before the exit hooks (a failed one never says Done)
+    return [sys.executable, "-m", "tfdist.run", script, *script_args]
 
 
 def _make_log_dir(path: str, setting: str) -> None:

@@ -52,7 +52,7 @@ import sys
 import threading
 from typing import Mapping, Sequence
 
-from tfdist import constants, exit_status
+from tfdist import constants
 
 __all__ = ["fast_start_enabled", "Zygote", "ForkedProcess", "zygote", "can_fork", "serve_forks",
            "ZygoteLender"]
@@ -96,6 +96,11 @@ def _target(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
     """``("script", path, args)`` or ``("module", name, args)`` for a plain ``python`` command line, else None."""
     if len(argv) < 2 or os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
         return None
+    if argv[1:3] == ["-m", "tfdist.run"] and len(argv) >= 4:  # what tfdist.run would run, run the same way here
+        inner = list(argv[3:])
+        if inner[0] == "-m":
+            return ("module", inner[1], inner[2:]) if len(inner) >= 2 else None
+        return None if inner[0].startswith("-") else ("script", inner[0], inner[1:])
     if argv[1] == "-m" and len(argv) >= 3:
         return "module", argv[2], list(argv[3:])
     if argv[1].startswith("-"):
@@ -604,7 +609,6 @@ def _set_title(argv: Sequence[str]) -> None:
 
 def _child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: int) -> None:
     """In the forked task: become the command line ``request["argv"]`` would have started."""
-    code: int | str | None = 0
     try:
         sock.close()
         signal.set_wakeup_fd(-1)
@@ -638,38 +642,8 @@ def _child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: int) 
 
         traceback.print_exc()
         os._exit(1)
-    import runpy
+    from tfdist.run import run_target
 
-    try:
-        if kind == "module":
-            sys.argv = [name, *args]
-            sys.path[0] = os.getcwd()
-            runpy.run_module(name, run_name="__main__", alter_sys=True)
-        else:
-            if not os.path.isfile(name):  # as CPython says it, with its exit code
-                print(f"{request['argv'][0]}: can't open file {os.path.abspath(name)!r}: [Errno 2] No such file or "
-                      "directory", file=sys.stderr)
-                raise SystemExit(2)
-            sys.argv = [name, *args]
-            sys.path[0] = os.path.dirname(os.path.abspath(name))
-            runpy.run_path(name, run_name="__main__")
-    except SystemExit as e:
-        code = e.code
-        exit_status.record_exit(code)
-    except KeyboardInterrupt as e:  # as CPython ends on an unhandled SIGINT: killed by it (exit code -2)
-        import traceback
-
-        traceback.print_exc()
-        sys.stderr.flush()
-        exit_status.record_exit(exit_status.EXIT_SIGINT, e)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        code = 130
-    except BaseException as e:  # as CPython: the traceback, exit 1 (a ConfigError: its own code, never restarted)
-        import traceback
-
-        traceback.print_exc()
-        code = exit_status.exit_code_for(e)
-        exit_status.record_exit(code, e)
+    code = run_target(kind, name, args, request["argv"][0])
     # A normal interpreter exit from here: atexit handlers (a worker's Done), thread joins, flushes.
     raise SystemExit(code)

@@ -1,10 +1,11 @@
 """A training task that fits a small MLP on digits under ParameterServerStrategy, then may raise.
 
-Usage: crash_after_fit.py [--raise-after-fit | --exit-after-fit CODE]
+Usage: crash_after_fit.py [--raise-after-fit | --exit-after-fit CODE | --raise-system-exit CODE]
 
 With ``--raise-after-fit`` the script raises an uncaught RuntimeError once
 ``fit`` is over (a failing save or evaluation after training), so the task
-exits 1; with ``--exit-after-fit CODE`` it calls ``sys.exit(CODE)`` there.
+exits 1; with ``--exit-after-fit CODE`` it calls ``sys.exit(CODE)`` there, with
+``--raise-system-exit CODE`` it writes out ``raise SystemExit(CODE)``.
 Prints ``fit done, worker N`` after fit.
 """
 
@@ -23,6 +24,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--raise-after-fit", action="store_true")
     p.add_argument("--exit-after-fit", type=int, default=None)
+    p.add_argument("--raise-system-exit", type=int, default=None)
     args = p.parse_args()
     strategy = tfdist.ParameterServerStrategy()
     data = load_digits()
@@ -36,6 +38,8 @@ def main():
         raise RuntimeError("failing after fit on purpose (a save that fails)")
     if args.exit_after_fit is not None:
         sys.exit(args.exit_after_fit)
+    if args.raise_system_exit is not None:
+        raise SystemExit(args.raise_system_exit)
 
 
 if __name__ == "__main__":
