@@ -20,7 +20,12 @@ row numbers: the floor a hash index cannot beat):
   table's bytes and this process's resident memory (``VmRSS``) after every
   1 M ids. The claim: once the table is full, both stay within a fixed band
   (the id index is rebuilt at one of two sizes as evictions leave
-  tombstones), however many ids come.
+  tombstones), however many ids come. Each update's time is kept apart for
+  the updates that evicted (``update_ms_evicting_median_max``): a lookup
+  waits for the PS's lock at most that long. The flood runs twice: with the
+  victims chosen ahead on a thread (the default for capacities of 64 k rows
+  and more) and with every eviction choosing them under the lock
+  (``flood_choosing_under_the_lock``, as before).
 
 Times are the median of the repetitions, in milliseconds per call; ratios
 are dynamic / fixed (1.0: as fast as a plain array; more: slower).
@@ -113,16 +118,30 @@ def bench_apply(n: int, repeats: int) -> dict:
             "fixed_ms": round(fixed_ms, 1), "ratio": round(dyn_ms / fixed_ms, 2)}
 
 
-def bench_flood(total: int, capacity: int, dim: int, batch: int = 100_000) -> dict:
+def bench_flood(total: int, capacity: int, dim: int, batch: int = 100_000, choose_ahead: bool = True) -> dict:
+    """The flood; ``choose_ahead=False`` makes every eviction choose its victims under the lock (as before)."""
+    from tfdist.ps import dynamic
+
     spec = TableSpec("flood", 0, dim, initializer={"kind": "zeros"}, optimizer={"kind": "adagrad"},
                      dynamic={"capacity": capacity, "eviction": "lru"})
-    table = DynamicTable(spec, 0, 1)
+    saved = dynamic.CHOOSE_AHEAD_FROM
+    dynamic.CHOOSE_AHEAD_FROM = saved if choose_ahead else 2**62
+    try:
+        table = DynamicTable(spec, 0, 1)
+    finally:
+        dynamic.CHOOSE_AHEAD_FROM = saved
+    if not choose_ahead:
+        table._choose_ahead = lambda: None
     grads = np.full((batch, dim), 0.01, np.float32)
     samples = []
+    evicting_ms, other_ms = [], []  # each update's time: what a lookup waiting for the PS's lock waits at most
     start = time.perf_counter()
     for first in range(0, total, batch):
         ids = np.arange(first, first + batch, dtype=np.int64) * 7 + 3  # never repeating
+        evicted = table.counters["evicted"]
+        t0 = time.perf_counter()
         table.apply(ids, grads, None)
+        (evicting_ms if table.counters["evicted"] > evicted else other_ms).append((time.perf_counter() - t0) * 1e3)
         if (first + batch) % 1_000_000 == 0 or first + batch >= total:
             samples.append({"ids_seen": first + batch, "rows": table.size, "table_bytes": table.nbytes,
                             "rss_bytes": _rss_bytes()})
@@ -131,6 +150,11 @@ def bench_flood(total: int, capacity: int, dim: int, batch: int = 100_000) -> di
     rss = [s["rss_bytes"] for s in full if s["rss_bytes"] is not None]
     return {"ids": total, "capacity": capacity, "dim": dim, "batch": batch, "seconds": round(elapsed, 1),
             "ids_per_s": round(total / elapsed), "evicted": table.counters["evicted"],
+            "choose_ahead": choose_ahead, "evictions_chosen_under_lock": table.chose_under_lock,
+            "update_ms_evicting_median_max": [round(statistics.median(evicting_ms), 1), round(max(evicting_ms), 1)]
+            if evicting_ms else None,
+            "update_ms_not_evicting_median_max": [round(statistics.median(other_ms), 1), round(max(other_ms), 1)]
+            if other_ms else None,
             "table_bytes_once_full": sorted({s["table_bytes"] for s in full}),
             "rss_mib_once_full_min_max": [round(min(rss) / 2**20), round(max(rss) / 2**20)] if rss else None,
             "samples": samples}
@@ -159,6 +183,8 @@ def main(argv=None) -> int:
     }
     if flood:
         result["flood"] = bench_flood(flood, capacity, args.flood_dim)
+        # the same flood with every eviction choosing its victims under the lock: the stall it had before
+        result["flood_choosing_under_the_lock"] = bench_flood(flood, capacity, args.flood_dim, choose_ahead=False)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

@@ -22,8 +22,11 @@ def test_dynamic_tables_benchmark_reports_both_tables_and_a_bounded_flood(tmp_pa
     assert json.loads(proc.stdout) == report
     for part in ("lookup", "adagrad_apply"):
         assert report[part]["dynamic_ms"] > 0 and report[part]["fixed_ms"] > 0 and report[part]["ratio"] > 0
-    flood = report["flood"]
+    flood, under_lock = report["flood"], report["flood_choosing_under_the_lock"]
     assert flood["evicted"] > 0 and all(s["rows"] <= 200000 for s in flood["samples"])
+    assert flood["choose_ahead"] and not under_lock["choose_ahead"]
+    assert under_lock["evicted"] == flood["evicted"]  # the same rows go, whoever chose them
+    assert under_lock["evictions_chosen_under_lock"] > 0 and under_lock["update_ms_evicting_median_max"] is not None
     # once full, the table's bytes stay within a band (the id index is rebuilt at one of two sizes), not a trend
     full = flood["table_bytes_once_full"]
     assert max(full) <= 1.5 * min(full), full

@@ -197,6 +197,62 @@ def test_a_flood_of_new_ids_stays_within_the_capacity():
     assert t.counters["not_admitted"] == 200_000 - 40 * 1000  # beyond the capacity in one push: dropped
 
 
+def _lru_table(capacity):
+    spec = sparse.TableSpec("t", 0, 2, initializer={"kind": "zeros"}, optimizer={"kind": "sgd", "learning_rate": 0.1},
+                            dynamic={"capacity": capacity, "eviction": "lru"})
+    return DynamicTable(spec, 0, 1)
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+def test_victims_chosen_ahead_on_a_thread_are_the_ones_chosen_at_eviction_time(monkeypatch, eviction):
+    """A large table chooses its next victims on a thread once 7/8 full; the eviction only frees them, and for
+    lru frees exactly the rows a choice under the lock frees (rows updated since the copy are skipped)."""
+    from tfdist.ps import dynamic
+
+    monkeypatch.setattr(dynamic, "CHOOSE_AHEAD_FROM", 256)
+    ahead, now = _lru_table(256), _lru_table(256)
+    ahead.eviction = now.eviction = eviction
+    now.capacity = 256  # the same capacity, below the threshold: chooses under the lock
+    monkeypatch.setattr(now, "_choose_ahead", lambda: None)
+    rng = np.random.default_rng(0)
+    grads = np.ones((40, 2), np.float32)
+    old = np.arange(1000, 1010, dtype=np.int64)  # held from the start, updated now and then (never oldest)
+    for step in range(60):
+        fresh = np.arange(step * 40, step * 40 + 30, dtype=np.int64)
+        batch = np.concatenate([fresh, old if step % 3 == 0 else rng.choice(fresh, 10, replace=False)])
+        for t in (ahead, now):
+            if t.ahead is not None:
+                assert t.ahead.wait(10)  # deterministic: the thread finished before the next update
+            t.apply(batch, grads, None)
+        if eviction == "lru":
+            assert set(ahead.arrays()["ids"].tolist()) == set(now.arrays()["ids"].tolist()), step
+        assert ahead.size <= 256
+    assert ahead.counters["evicted"] > 256 and now.chose_under_lock > 5
+    assert ahead.chose_under_lock == 0  # every eviction freed victims chosen ahead
+    if eviction == "lfu":  # approximately LFU: the rows updated most often stayed
+        assert set(old.tolist()) <= set(ahead.arrays()["ids"].tolist())
+
+
+def test_rows_updated_after_the_copy_are_not_freed_and_a_small_table_chooses_under_the_lock(monkeypatch):
+    from tfdist.ps import dynamic
+
+    monkeypatch.setattr(dynamic, "CHOOSE_AHEAD_FROM", 64)
+    t = _lru_table(64)
+    for first in range(0, 60, 10):  # rows 0-9 updated first, 50-59 last: 60 of 64, 7/8 full after the last
+        t.apply(np.arange(first, first + 10, dtype=np.int64), np.ones((10, 2), np.float32), None)
+    assert t.ahead is not None and t.ahead.wait(10)
+    assert set(t.ahead.slots.tolist()) >= set(t.index.find(np.arange(10, dtype=np.int64))[0].tolist())
+    t.apply(np.arange(0, 5, dtype=np.int64), np.ones((5, 2), np.float32), None)  # rows 0-4: the newest now
+    t.apply(np.arange(100, 110, dtype=np.int64), np.ones((10, 2), np.float32), None)  # 70 > 64: frees 6 + 4
+    held = set(t.arrays()["ids"].tolist())
+    assert set(range(5)) <= held and not (set(range(5, 10)) & held) and set(range(100, 110)) <= held
+    assert len(set(range(10, 20)) - held) == 5 and t.size == 60  # then 5 of the next oldest (equally old)
+    assert t.chose_under_lock == 0 and t.counters["evicted"] == 10
+    small = _lru_table(63)  # below the threshold: no thread, chosen at eviction time
+    small.apply(np.arange(70, dtype=np.int64), np.ones((70, 2), np.float32), None)
+    assert small.ahead is None and small.size <= 63
+
+
 @pytest.mark.parametrize("method, tensors, meta, match, code", [
     ("PushRows", {"rows": ids(1), "grads": np.ones((1, 3), np.float32)}, {}, "wide", "INVALID_ARGUMENT"),
     ("PushRows", {"rows": ids(1), "grads": np.full((1, 2), np.nan, np.float32)}, {}, "Non-finite",

@@ -26,7 +26,16 @@ doubling up to the table's capacity.
   (``lfu``, ties broken by recency) rows not in the batch, 1/16 of the capacity more than needed
   so eviction runs once per many batches; ``ttl`` frees rows not updated
   in that many of the table's updates (checked every ``ttl // 4`` updates).
-  Freed slots are reused; the memory stays within the capacity.
+  Freed slots are reused; the memory stays within the capacity. Choosing
+  the victims means ordering every row, which the PS does under its lock
+  (lookups wait). From a capacity of :data:`CHOOSE_AHEAD_FROM` rows, once
+  the table is 7/8 full, the next victims are chosen ahead on a thread of
+  their own, from a copy of the rows' recency and counts (:class:`_Ahead`):
+  the eviction itself then only frees them (those updated since the copy are
+  skipped, as they are no longer the oldest), and chooses under the lock only
+  if the candidates ran out. For ``lru`` the victims are exactly those a
+  choice at eviction time would make; for ``lfu`` rows created after the
+  copy are candidates only from the next choice on.
 
 An update is computed before anything changes (:meth:`DynamicTable.prepare`,
 then :meth:`DynamicTable.commit`), so a refused update (non-finite result)
@@ -35,6 +44,7 @@ changes nothing. No I/O, no TensorFlow.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +64,9 @@ _FILTER_SALTS = (np.uint64(0x2545F4914F6CDD1D), np.uint64(0x61C8864680B583EB))
 _EMPTY, _DELETED = -1, -2
 #: Elements of initial rows made at once (their uint64 temporaries: 1 MiB each).
 _INIT_CHUNK_ELEMENTS = 1 << 17
+#: Capacity (rows per task) from which eviction victims are chosen ahead, on a thread: below it a choice
+#: under the lock costs less than a thread (ordering 64 k rows takes about a millisecond).
+CHOOSE_AHEAD_FROM = 1 << 16
 
 
 def hash64(x: np.ndarray) -> np.ndarray:
@@ -269,6 +282,45 @@ class PreparedUpdate:
 COUNTERS = ("created", "evicted", "not_admitted")
 
 
+def _eviction_order(last: np.ndarray, count: np.ndarray, live: np.ndarray, updates: int, eviction: str,
+                    k: int) -> np.ndarray:
+    """The ``k`` slots (of ``live`` ones) first to go, in order: least recently (``lru``) or least often
+    (``lfu``, ties by recency) updated. Slots whose score is set to inf beforehand never go."""
+    score = last.astype(np.float64)
+    if eviction == "lfu":  # ties broken by recency: last / (updates + 1) < 1
+        score = count + score / (updates + 1)
+    score[~live] = np.inf
+    k = min(k, int(np.isfinite(score).sum()))
+    if k <= 0:
+        return np.zeros(0, np.int64)
+    part = np.argpartition(score, k - 1)[:k]
+    return part[np.argsort(score[part], kind="stable")].astype(np.int64)
+
+
+class _Ahead:
+    """Eviction victims chosen on a thread from a copy of a table's row metadata (see the module's docstring).
+
+    ``slots`` (first to go first) and the recency ``last`` each had in the copy are set once ``ready``.
+    """
+
+    def __init__(self, last, count, live, updates: int, eviction: str, k: int):
+        self.slots = self.last = np.zeros(0, np.int64)
+        self.ready = threading.Event()
+        self._thread = threading.Thread(target=self._choose, args=(last, count, live, updates, eviction, k),
+                                        name="tfdist-evict-ahead", daemon=True)
+        self._thread.start()
+
+    def _choose(self, last, count, live, updates, eviction, k) -> None:
+        try:
+            slots = _eviction_order(last, count, live, updates, eviction, k)
+            self.slots, self.last = slots, last[slots]
+        finally:
+            self.ready.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.ready.wait(timeout)
+
+
 class DynamicTable:
     """One PS task's shard of a dynamic table: the id index, rows, slots, row metadata, admission filter."""
 
@@ -287,6 +339,8 @@ class DynamicTable:
         self.counters = dict.fromkeys(COUNTERS, 0)
         width = opts["filter_width"] if self.min_count > 1 else 0
         self.sketch = np.zeros((len(_FILTER_SALTS), width), np.uint16)
+        self.ahead: _Ahead | None = None  # victims being (or already) chosen ahead
+        self.chose_under_lock = 0  # evictions that chose their victims themselves (counted for the benchmark)
         self._allocate_rows(min(1024, self.capacity) if self.capacity else 1024)
 
     # ------------------------------------------------------------------ storage
@@ -301,6 +355,7 @@ class DynamicTable:
         self.live = np.zeros(n, bool)
         self.free = np.arange(n - 1, -1, -1, dtype=np.int64)  # a stack: the next free slot last
         self.num_free = n
+        self.ahead = None
 
     @property
     def size(self) -> int:
@@ -454,22 +509,49 @@ class DynamicTable:
             expired = np.flatnonzero(self.live & (self.last < tick - self.ttl))
             if expired.size:
                 self._release(expired)
+        self._choose_ahead()
 
     def _evict_for(self, n_new: int, keep: np.ndarray) -> None:
         """Frees rows (not in ``keep``) so that ``n_new`` more fit the capacity (1/16 of it more, at once)."""
         if not self.capacity or self.size + n_new <= self.capacity:
             return
         need = self.size + n_new - self.capacity + self.capacity // 16
-        live = np.flatnonzero(self.live)
-        score = self.last[live].astype(np.float64)
-        if self.eviction == "lfu":  # ties broken by recency
-            score = self.count[live] + score / (self.updates + 1)
-        score[np.isin(live, keep)] = np.inf  # the batch's rows stay
-        need = min(need, int(np.isfinite(score).sum()))
-        if need <= 0:
+        keep = np.asarray(keep, np.int64)
+        victims = self._victims_chosen_ahead(need, keep)
+        if victims is None:  # none chosen ahead (a small table, or they ran out): choose now
+            self.chose_under_lock += 1
+            live = self.live.copy()
+            live[keep] = False  # the batch's rows stay
+            victims = _eviction_order(self.last, self.count, live, self.updates, self.eviction, need)
+        if victims.size:
+            self._release(victims)
+
+    def _victims_chosen_ahead(self, need: int, keep: np.ndarray) -> np.ndarray | None:
+        """The first ``need`` candidates chosen ahead still held, not updated since and not in ``keep``."""
+        ahead = self.ahead
+        if ahead is None or not ahead.ready.is_set():
+            return None
+        cands, was = ahead.slots, ahead.last
+        ok = self.live[cands] & (self.last[cands] == was)
+        if keep.size:
+            in_keep = np.zeros(len(self.live), bool)
+            in_keep[keep] = True
+            ok &= ~in_keep[cands]
+        at = np.flatnonzero(ok)
+        self.ahead = None  # one choice per eviction: the next starts after this update, from a fresh copy
+        if len(at) < need:  # too many updated since the copy: the caller chooses
+            return None
+        return cands[at[:need]]
+
+    def _choose_ahead(self) -> None:
+        """Starts choosing the next victims on a thread once a large table is 7/8 full (see the docstring)."""
+        if (not self.capacity or self.capacity < CHOOSE_AHEAD_FROM or self.ahead is not None
+                or self.size < self.capacity - self.capacity // 8):
             return
-        victims = live[np.argpartition(score, need - 1)[:need]]
-        self._release(victims)
+        # one eviction frees capacity / 16 and the batch's new rows: a quarter of the capacity leaves room for
+        # large batches and rows updated since the copy. The copies take a few milliseconds per million rows.
+        self.ahead = _Ahead(self.last.copy(), self.count.copy(), self.live.copy(), self.updates, self.eviction,
+                            self.capacity // 4)
 
     def apply(self, ids: np.ndarray, grads: np.ndarray, learning_rate: float | None) -> None:
         """Prepares and commits an update (no finiteness check: see :meth:`prepare`)."""
@@ -492,6 +574,7 @@ class DynamicTable:
             self.last[fresh] = self.updates
             put_rows(self.values, fresh, values[~held])
             self.counters["created"] += len(new)
+        self._choose_ahead()
 
     # ------------------------------------------------------------------ state
     def arrays(self) -> dict[str, np.ndarray]:
