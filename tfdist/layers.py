@@ -210,6 +210,12 @@ class DynamicEmbedding(keras.layers.Layer):
         capacity: Rows each PS task holds at most; beyond it ``eviction``
             frees rows (and their optimizer slots). Defaults to ``None``
             (no bound).
+        capacity_bytes: Bytes each PS task gives the table at most: it
+            holds as many rows as fit, counting a row's values, optimizer
+            slots, metadata and id index at their largest
+            (``4 * output_dim * (1 + slots) + 161`` bytes) and the
+            admission filter; with ``capacity`` too, the smaller bound
+            holds. Defaults to ``None`` (no bound).
         eviction: ``"lru"`` (least recently updated) or ``"lfu"`` (least
             often updated). Defaults to ``"lru"``.
         ttl: Free a row not updated in this many of its table's updates
@@ -229,7 +235,8 @@ class DynamicEmbedding(keras.layers.Layer):
 
     def __init__(self, output_dim: int, embeddings_initializer: Any = "uniform", optimizer: Any = None,
                  seed: int = 0, capacity: int | None = None, eviction: str = "lru", ttl: int | None = None,
-                 min_count: int = 1, filter_width: int = 1 << 20, default_value: float = 0.0, **kwargs):
+                 min_count: int = 1, filter_width: int = 1 << 20, default_value: float = 0.0,
+                 capacity_bytes: int | None = None, **kwargs):
         super().__init__(**kwargs)
         from tfdist.ps.sparse import TableSpec
 
@@ -238,7 +245,8 @@ class DynamicEmbedding(keras.layers.Layer):
         self.row_optimizer = None if optimizer is None else row_optimizer_spec(optimizer)
         self.seed = int(seed)
         self.options = {"capacity": capacity or 0, "eviction": eviction, "ttl": ttl or 0, "min_count": min_count,
-                        "filter_width": filter_width, "default_value": default_value}
+                        "filter_width": filter_width, "default_value": default_value,
+                        "capacity_bytes": capacity_bytes or 0}
         try:  # refused at construction, with the layer's name
             TableSpec(self.name, 0, self.output_dim, dynamic=self.options)
         except ValueError as e:
@@ -295,4 +303,5 @@ class DynamicEmbedding(keras.layers.Layer):
                 "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
                 "optimizer": self.row_optimizer, "seed": self.seed, "capacity": opts["capacity"] or None,
                 "eviction": opts["eviction"], "ttl": opts["ttl"] or None, "min_count": opts["min_count"],
-                "filter_width": opts["filter_width"], "default_value": opts["default_value"]}
+                "filter_width": opts["filter_width"], "default_value": opts["default_value"],
+                "capacity_bytes": opts["capacity_bytes"] or None}

@@ -253,6 +253,30 @@ def test_rows_updated_after_the_copy_are_not_freed_and_a_small_table_chooses_und
     assert small.ahead is None and small.size <= 63
 
 
+def test_a_capacity_in_bytes_bounds_the_rows_and_the_table_s_memory():
+    spec = sparse.TableSpec("t", 0, 8, initializer={"kind": "zeros"}, optimizer={"kind": "adam"},
+                            dynamic={"capacity_bytes": 1 << 20})
+    per_row = 4 * 8 * 3 + sparse.DYNAMIC_ROW_OVERHEAD  # values and Adam's two slots, then metadata and index
+    assert sparse.dynamic_row_bytes(spec) == per_row
+    t = DynamicTable(spec, 0, 1)
+    assert t.capacity == (1 << 20) // per_row and t.status()["capacity_bytes"] == 1 << 20
+    for start in range(0, 60_000, 3000):  # a flood of new ids
+        t.apply(np.arange(start, start + 3000, dtype=np.int64), np.ones((3000, 8), np.float32), None)
+        assert t.size <= t.capacity and t.nbytes <= 1 << 20, (t.size, t.nbytes)
+    assert t.counters["evicted"] > 0
+    both = sparse.TableSpec("t", 0, 8, optimizer={"kind": "adam"}, dynamic={"capacity_bytes": 1 << 20,
+                                                                              "capacity": 100})
+    assert sparse.dynamic_capacity_rows(both) == 100  # the smaller bound
+    assert sparse.describe_table(both, 2)["capacity_per_task"] == 100
+    with_filter = sparse.TableSpec("t", 0, 8, optimizer={"kind": "adam"}, dynamic={
+        "capacity_bytes": 1 << 20, "min_count": 2, "filter_width": 1 << 16})
+    assert sparse.dynamic_capacity_rows(with_filter) == ((1 << 20) - 4 * (1 << 16)) // per_row
+    with pytest.raises(ValueError, match=r"capacity_bytes=100 holds no row: .* takes up to 257 bytes .* at least 257"):
+        sparse.TableSpec("t", 0, 8, optimizer={"kind": "adam"}, dynamic={"capacity_bytes": 100})
+    with pytest.raises(ValueError, match="capacity_bytes must be an integer"):
+        sparse.TableSpec("t", 0, 8, dynamic={"capacity_bytes": -1})
+
+
 @pytest.mark.parametrize("method, tensors, meta, match, code", [
     ("PushRows", {"rows": ids(1), "grads": np.ones((1, 3), np.float32)}, {}, "wide", "INVALID_ARGUMENT"),
     ("PushRows", {"rows": ids(1), "grads": np.full((1, 2), np.nan, np.float32)}, {}, "Non-finite",

@@ -26,7 +26,7 @@ from tfdist.ps._variables import all_finite
 from tfdist.ps._waits import StoreError
 from tfdist.ps.dynamic import COUNTERS, DynamicTable
 from tfdist.ps.protocol import RequestError, TableShard, _table_shard, short
-from tfdist.ps.sparse import Table, shard_rows
+from tfdist.ps.sparse import Table, dynamic_capacity_rows, shard_rows
 
 __all__ = ["TableShards"]
 
@@ -51,7 +51,7 @@ def _shard_bytes(shard: TableShard) -> int:
     spec = shard.spec
     slots = {"sgd": 1, "adagrad": 1, "adam": 2, "ftrl": 2}.get(str(spec.optimizer.get("kind")), 2)
     if spec.dynamic is not None:  # at its capacity (unbounded: what it starts with)
-        rows = spec.dynamic["capacity"] or 1024
+        rows = dynamic_capacity_rows(spec) or 1024
         return rows * (spec.dim * 4 * (1 + slots) + 64) + 4 * spec.dynamic["filter_width"] * (spec.dynamic["min_count"] > 1)
     return shard_rows(spec.rows, shard.shard, shard.num_shards) * spec.dim * 4 * (1 + slots)
 

@@ -21,7 +21,8 @@ doubling up to the table's capacity.
   in a count-min sketch of ``filter_width`` x 2 saturating 16-bit counters
   (bounded memory; it may over-count an id that shares both counters
   with others, never under-count).
-* **Eviction** (``capacity`` rows per PS task): creating rows beyond it
+* **Eviction** (``capacity`` rows per PS task, or as many as ``capacity_bytes``
+  holds, :func:`~tfdist.ps.sparse.dynamic_capacity_rows`): creating rows beyond it
   first frees the least recently updated (``lru``) or least often updated
   (``lfu``, ties broken by recency) rows not in the batch, 1/16 of the capacity more than needed
   so eviction runs once per many batches; ``ttl`` frees rows not updated
@@ -51,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from tfdist.ps.sparse import TableSpec, make_row_optimizer
+from tfdist.ps.sparse import TableSpec, dynamic_capacity_rows, make_row_optimizer
 
 __all__ = ["DynamicTable", "IdIndex", "hash64", "initial_rows", "shard_of_ids"]
 
@@ -329,7 +330,7 @@ class DynamicTable:
     def __init__(self, spec: TableSpec, shard: int, num_shards: int):
         self.spec, self.shard, self.num_shards = spec, shard, num_shards
         opts = spec.dynamic
-        self.capacity: int = opts["capacity"]            # 0: unbounded
+        self.capacity: int = dynamic_capacity_rows(spec)  # rows; 0: unbounded
         self.eviction: str = opts["eviction"]
         self.ttl: int = opts["ttl"]                      # 0: none
         self.min_count: int = opts["min_count"]
@@ -609,7 +610,8 @@ class DynamicTable:
         self.counters = {k: int((counters or {}).get(k, 0)) for k in COUNTERS}
 
     def status(self) -> dict[str, Any]:
-        return {"rows": self.size, "capacity": self.capacity, **self.counters, "bytes": self.nbytes}
+        return {"rows": self.size, "capacity": self.capacity, "capacity_bytes": self.spec.dynamic["capacity_bytes"],
+                **self.counters, "bytes": self.nbytes}
 
     @property
     def nbytes(self) -> int:

@@ -55,7 +55,11 @@ INITIALIZERS = {"uniform": ("minval", "maxval"), "normal": ("mean", "stddev"),
 #: pushes an id needs before it gets a row, the admission filter's counters per row, the value of a row not
 #: admitted yet.
 DYNAMIC_OPTIONS: dict[str, Any] = {"capacity": 0, "eviction": "lru", "ttl": 0, "min_count": 1,
-                                   "filter_width": 1 << 20, "default_value": 0.0}
+                                   "filter_width": 1 << 20, "default_value": 0.0, "capacity_bytes": 0}
+#: Bytes a dynamic table's row takes beside its values and optimizer slots, at most: its id, recency, count,
+#: live flag and free-list entry (33), and its share of the id index (kept at most half full and rebuilt at
+#: four times the rows: up to 8 entries of 16 bytes per row).
+DYNAMIC_ROW_OVERHEAD = 33 + 8 * 16
 EVICTION_POLICIES = ("lru", "lfu")
 _MAX_DYNAMIC_INT = 2**40
 
@@ -66,7 +70,7 @@ def _check_dynamic(key: str, options: Any) -> dict[str, Any]:
         raise ValueError(f"Table {key!r}: dynamic options are a mapping of {sorted(DYNAMIC_OPTIONS)}. "
                          f"Received: {options!r}.")
     out = {**DYNAMIC_OPTIONS, **options}
-    for name in ("capacity", "ttl", "min_count", "filter_width"):
+    for name in ("capacity", "ttl", "min_count", "filter_width", "capacity_bytes"):
         v = out[name]
         low = 1 if name in ("min_count", "filter_width") else 0
         if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= _MAX_DYNAMIC_INT:
@@ -79,6 +83,26 @@ def _check_dynamic(key: str, options: Any) -> dict[str, Any]:
         raise ValueError(f"Table {key!r}: default_value must be a finite float32. Received: {v!r}.")
     out["default_value"] = float(v)
     return out
+
+
+def dynamic_row_bytes(spec: "TableSpec") -> int:
+    """Bytes one row of dynamic table ``spec`` takes on its PS task at most (values, slots, metadata, index)."""
+    slots = len(make_row_optimizer(spec.optimizer).slot_names)
+    return 4 * spec.dim * (1 + slots) + DYNAMIC_ROW_OVERHEAD
+
+
+def dynamic_capacity_rows(spec: "TableSpec") -> int:
+    """Rows per PS task dynamic table ``spec`` holds at most: the smaller of ``capacity`` and what
+    ``capacity_bytes`` holds (less the admission filter); 0 when neither bounds it."""
+    opts = spec.dynamic
+    bounds = [opts["capacity"]] if opts["capacity"] else []
+    if opts["capacity_bytes"]:
+        bounds.append((opts["capacity_bytes"] - _filter_bytes(opts)) // dynamic_row_bytes(spec))
+    return min(bounds) if bounds else 0
+
+
+def _filter_bytes(opts: Mapping[str, Any]) -> int:
+    return 4 * opts["filter_width"] if opts["min_count"] > 1 else 0
 
 
 def shard_of(ids: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,7 +128,7 @@ def describe_table(spec: "TableSpec", num_ps: int) -> dict:
     out = spec.to_dict()
     if spec.dynamic is not None:  # grows as ids arrive
         out["rows_per_task"] = None
-        out["capacity_per_task"] = spec.dynamic["capacity"] or None
+        out["capacity_per_task"] = dynamic_capacity_rows(spec) or None
     else:
         out["rows_per_task"] = [shard_rows(spec.rows, ps, num_ps) for ps in range(num_ps)]
     return out
@@ -158,6 +182,13 @@ class TableSpec:
             raise ValueError(f"Table {self.key!r}: unknown initializer {self.initializer!r}. "
                              f"Kinds: {sorted(INITIALIZERS)} with fields {INITIALIZERS}.")
         make_row_optimizer(self.optimizer)  # raises on a bad spec
+        if self.dynamic is not None and self.dynamic["capacity_bytes"] and dynamic_capacity_rows(self) < 1:
+            need = dynamic_row_bytes(self) + _filter_bytes(self.dynamic)
+            raise ValueError(f"Table {self.key!r}: capacity_bytes={self.dynamic['capacity_bytes']} holds no row: a row "
+                             f"of dim {self.dim} with the {self.optimizer.get('kind')} optimizer's slots takes up to "
+                             f"{dynamic_row_bytes(self)} bytes on its PS task (values, slots, id index)"
+                             + (f", and the admission filter {_filter_bytes(self.dynamic)}" if _filter_bytes(
+                                 self.dynamic) else "") + f". Give at least {need} bytes (or use capacity in rows).")
 
     @property
     def nbytes(self) -> int:
