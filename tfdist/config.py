@@ -553,7 +553,8 @@ _PEM_BLOCKS = {
 _ANY_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
 #: TLS files each kind of task reads (``check_tls_files(job=...)``); ``None``: a local launch reads them all.
 _TLS_FILES_BY_JOB = {"ps": ("tls_cert", "tls_key"), "chief": ("tls_ca",), "worker": ("tls_ca",),
-                     "evaluator": ("tls_ca",), "input": (), None: ("tls_cert", "tls_key", "tls_ca")}
+                     "evaluator": ("tls_ca",), "input": ("tls_cert", "tls_key"),
+                    None: ("tls_cert", "tls_key", "tls_ca")}
 _MAX_PEM_BYTES = 1024 * 1024
 
 
@@ -633,7 +634,8 @@ class SecurityConfig:
         Args:
             job: The kind of task: ``"ps"`` reads ``tls_cert`` and ``tls_key``;
                 ``"chief"``, ``"worker"``, ``"evaluator"`` read ``tls_ca``;
-                ``"input"`` reads none. Defaults to ``None``: every file (a
+                ``"input"`` (the shared queue, served with TLS like the PS)
+                reads ``tls_cert`` and ``tls_key``. Defaults to ``None``: every file (a
                 local launch runs every task on one machine).
         """
         return tuple(name for name in _TLS_FILES_BY_JOB.get(job, _TLS_FILES_BY_JOB[None]) if getattr(self, name))

@@ -78,6 +78,25 @@ def _names(info: dict[str, Any]) -> str:
     return ", ".join(names) if names else "no subjectAltName (gRPC ignores the CN)"
 
 
+def server_credentials(cert_path: str, key_path: str):
+    """A PEM certificate chain and key read into gRPC server credentials (the PS, the shared queue)."""
+    import grpc
+
+    with open(cert_path, "rb") as f:
+        cert = f.read()
+    with open(key_path, "rb") as f:
+        key = f.read()
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def channel_credentials(ca_path: str):
+    """gRPC channel credentials that verify a server against the PEM CA file ``ca_path``."""
+    import grpc
+
+    with open(ca_path, "rb") as f:
+        return grpc.ssl_channel_credentials(root_certificates=f.read())
+
+
 def diagnose(address: str, tls_ca: str | None, *, what: str = "the parameter server",
              ca_setting: str = "security.tls_ca", server_settings: str = "security.tls_cert and security.tls_key",
              timeout: float = 2.0) -> str | None:

@@ -368,3 +368,45 @@ def test_hostile_requests_are_refused_and_long_waits_neither_starve_the_service_
                 assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), e
     finally:
         channel.close()
+
+
+def _self_signed(tmp_path, name):
+    key, cert = tmp_path / f"{name}-key.pem", tmp_path / f"{name}-cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return str(cert), str(key)
+
+
+def test_a_queue_served_with_tls_talks_to_clients_with_its_ca_and_names_tls_to_the_others(children, tmp_path):
+    """The standalone service serves TLS from the job config's security.tls_cert/tls_key (as a launched input task);
+    a client with the CA enqueues and reads; one without TLS, or with another CA, gets a TLS error within seconds."""
+    from tfdist.config import JobConfig
+    from tfdist.errors import TLSConfigError
+
+    cert, key = _self_signed(tmp_path, "queue")
+    other, _ = _self_signed(tmp_path, "other")
+    config = JobConfig(name="tls-queue")
+    config.security.tls_cert, config.security.tls_key, config.security.tls_ca = cert, key, cert
+    service = children(["-m", "tfdist.data.queue_service", "--port", "0", "--host", "127.0.0.1"],
+                       env={constants.ENV_CONFIG: config.to_json()})
+    line = service.wait_line(lambda l: "listening on" in l)
+    address = line.rsplit(" ", 2)[1] if line.endswith("(TLS)") else line.rsplit(" ", 1)[1]
+    producer = SharedQueue(address, token=TOKEN, timeout_s=10, tls_ca=cert)
+    producer.enqueue_many({"x": np.zeros((20, 2), np.float32), "id": np.arange(20, dtype=np.int64)})
+    assert producer.end_epoch() == 0
+    producer.close()
+    reader = SharedQueue(address, token=TOKEN, timeout_s=10, tls_ca=cert)
+    got = [int(i) for batch in reader.batches(8) for i in batch["id"]]
+    reader.disconnect()
+    assert sorted(got) == list(range(20))
+    for tls_ca, says in ((None, "serves TLS, but this client does not use it"), (other, "not signed by the CA")):
+        t0 = time.monotonic()
+        with pytest.raises(TLSConfigError, match=says) as e:
+            SharedQueue(address, token=TOKEN, timeout_s=30, tls_ca=tls_ca).stats()
+        assert time.monotonic() - t0 < 10 and "the shared queue" in str(e.value)
+    producer.disconnect()
+    service.proc.send_signal(signal.SIGTERM)
+    assert service.proc.wait(T) == 143

@@ -436,9 +436,14 @@ def test_tls_files_come_from_the_tls_secret():
         [tls] = [v for v in pod["volumes"] if v["name"] == "tls"]
         keys = [item["key"] for item in tls["secret"]["items"]]
         assert tls["secret"]["secretName"] == "full-tls"
-        assert keys == (["tls.crt", "tls.key"] if task.job == "ps" else ["ca.crt"])  # each reads only its files
+        # each reads only its files: the servers (PS, the shared queue) their certificate, the clients the CA
+        assert keys == (["tls.crt", "tls.key"] if task.job in ("ps", "input") else ["ca.crt"]), task
         assert {"name": "tls", "mountPath": "/etc/tfdist/tls", "readOnly": True} in container["volumeMounts"]
         assert JobConfig.from_json(_values(container)[constants.ENV_CONFIG]).security == addressed.security
+    with_queue = JobConfig.from_dict(dict(data, cluster={**FULL["cluster"], "input": 1}))  # plain Jobs only
+    pod, _ = _containers(k8s.kubernetes_jobs(with_queue, IMAGE, "t.py"))[TaskSpec("input", 0)]
+    [tls] = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert [item["key"] for item in tls["secret"]["items"]] == ["tls.crt", "tls.key"]  # the queue serves TLS too
     replicas = k8s.kubeflow_tfjob(cfg, IMAGE, "t.py")["spec"]["tfReplicaSpecs"]
     ps_tls = [v for v in replicas["PS"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
     assert ps_tls[0]["secret"]["secretName"] == "full-tls"

@@ -40,6 +40,7 @@ from tfdist.data.queue_runner import QueueRunner
 from tfdist.data.random_shuffle_queue import RandomShuffleQueue
 from tfdist.errors import ConfigError, TfdistError
 from tfdist.grpc_service import WireService
+from tfdist.tls import server_credentials as _server_credentials
 
 __all__ = ["SharedQueueServer", "QueueService", "SERVICE", "METHODS", "main"]
 
@@ -117,6 +118,10 @@ class SharedQueueServer:
         on_ack: ``on_ack(worker, epoch, arrays)`` for every acknowledged batch
             (auditing). Defaults to ``None``.
         max_message_bytes: largest message. Defaults to 512 MiB.
+        tls_cert: PEM certificate chain to serve TLS with (with ``tls_key``;
+            clients verify it with ``SharedQueue(tls_ca=...)``). Defaults to
+            ``None``: plain TCP.
+        tls_key: PEM private key of ``tls_cert``. Defaults to ``None``.
 
     Example:
         >>> server = SharedQueueServer(
@@ -145,6 +150,8 @@ class SharedQueueServer:
         max_threads: int = 32,
         max_wait_s: float = 5.0,
         max_workers: int = 10_000,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ):
         if queue is None:
             queue = FIFOQueue(capacity=10_000, name="SharedQueue")
@@ -183,6 +190,9 @@ class SharedQueueServer:
                                       max_workers=max_workers)
         self._template = queue
         token = token if token is not None else os.environ.get(constants.ENV_TOKEN)
+        if bool(tls_cert) != bool(tls_key):
+            raise ConfigError("TLS needs both tls_cert and tls_key (the queue's certificate and its private key). "
+                              f"Received: tls_cert={tls_cert!r}, tls_key={tls_key!r}.")
         self._coord = Coordinator()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -196,6 +206,7 @@ class SharedQueueServer:
             port=port,
             max_message_bytes=max_message_bytes,
             max_threads=max_threads,
+            tls_credentials=_server_credentials(tls_cert, tls_key) if tls_cert else None,
             errors=[  # a QueueRequestError carries its own code
                 (QueueClosedError, grpc.StatusCode.OUT_OF_RANGE),
                 (SharedQueueError, grpc.StatusCode.FAILED_PRECONDITION),
@@ -476,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-wait-s", type=float, default=5.0,
                         help="longest the server holds a call waiting, whatever the call asks")
     parser.add_argument("--no-auth", action="store_true", help="accept calls without a token")
+    parser.add_argument("--tls-cert", help="PEM certificate chain to serve TLS with (default: the job config's "
+                        "security.tls_cert, from $" + constants.ENV_CONFIG + ")")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert (default: security.tls_key)")
     return parser
 
 
@@ -487,10 +501,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         token = os.environ.get(constants.ENV_TOKEN)
-        if not token and os.environ.get(constants.ENV_CONFIG):  # a pod's mounted token (security.token_file)
+        tls_cert, tls_key = args.tls_cert, args.tls_key
+        if os.environ.get(constants.ENV_CONFIG):  # a launched task: the job's token file and TLS files
             from tfdist.config import JobConfig
 
-            token = JobConfig.from_json(os.environ[constants.ENV_CONFIG]).security.resolve_token()
+            security = JobConfig.from_json(os.environ[constants.ENV_CONFIG]).security
+            if not token:  # a pod's mounted token (security.token_file)
+                token = security.resolve_token()
+            if not tls_cert and not tls_key and security.tls_cert:
+                security.check_tls_files(job="input")  # a missing or non-PEM file: a ConfigError naming it
+                tls_cert, tls_key = security.tls_cert, security.tls_key
         if not token and not args.no_auth:
             raise ConfigError(
                 f"No job token: set {constants.ENV_TOKEN} (the same value on every task), "
@@ -512,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
             token=token or None,
             worker_timeout_s=args.worker_timeout_s,
             max_wait_s=args.max_wait_s,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         ).start()
     except (TfdistError, OSError, ImportError, AttributeError) as e:
         logger.error("%s", e)

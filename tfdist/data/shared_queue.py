@@ -62,6 +62,10 @@ class SharedQueue:
         heartbeat_interval_s: seconds between heartbeats while this client
             holds batches; keep it well under the server's
             ``worker_timeout_s``. Defaults to 1.
+        tls_ca: PEM CA file to verify a queue served with TLS
+            (``SharedQueueServer(tls_cert=..., tls_key=...)``; in a launched
+            job the config's ``security.tls_ca``, see :meth:`from_cluster`).
+            Defaults to ``None``: plain TCP.
 
     Example:
         >>> queue = SharedQueue("input-host:7070")
@@ -78,6 +82,7 @@ class SharedQueue:
         poll_s: float = 1.0,
         heartbeat_interval_s: float = 1.0,
         max_message_bytes: int = constants.DEFAULT_MAX_MESSAGE_BYTES,
+        tls_ca: str | None = None,
     ):
         if timeout_s <= poll_s:
             raise ConfigError(
@@ -91,14 +96,23 @@ class SharedQueue:
         self._timeout_s = timeout_s
         self._poll_s = poll_s
         self._heartbeat_interval_s = heartbeat_interval_s
-        self._channel = grpc.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
-                ("grpc.enable_retries", 0),
-            ],
-        )
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.enable_retries", 0),
+        ]
+        self._tls_ca = tls_ca
+        if tls_ca:
+            from tfdist.tls import channel_credentials
+
+            try:
+                creds = channel_credentials(tls_ca)
+            except OSError as e:
+                raise ConfigError(f"TLS: the CA file tls_ca={tls_ca!r} cannot be read ({e.strerror or e}). Give the "
+                                  "PEM file of the CA that signed the queue's certificate.") from None
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
         self._stubs = {m: self._channel.unary_unary(f"/{SERVICE}/{m}") for m in METHODS}
         self._spec: ElementSpec | None = None
         self._last_epoch = -1
@@ -126,6 +140,7 @@ class SharedQueue:
                 "Add `input: 1` to the cluster in the config."
             )
         kwargs.setdefault("token", config.security.resolve_token())
+        kwargs.setdefault("tls_ca", config.security.tls_ca)  # the queue serves TLS when the PS does
         return cls(config.cluster.input[index], **kwargs)
 
     @property
@@ -157,6 +172,8 @@ class SharedQueue:
                     raise AuthError(f"{details} (shared queue at {self._address})") from None
                 if code == grpc.StatusCode.OUT_OF_RANGE:
                     raise QueueClosedError(f"{details} (shared queue at {self._address})") from None
+                if code == grpc.StatusCode.UNAVAILABLE and attempt == 1:
+                    self._raise_if_tls_is_why()  # a TLS mismatch never heals: say so now, not after timeout_s
                 if code in _RETRYABLE and time.monotonic() < deadline:
                     time.sleep(min(0.05 * 2**attempt, 1.0))  # back-off before a retry
                     continue
@@ -168,6 +185,17 @@ class SharedQueue:
                         "address right?"
                     ) from None
                 raise SharedQueueError(f"{details} (shared queue at {self._address})") from None
+
+    def _raise_if_tls_is_why(self) -> None:
+        """Raises :class:`~tfdist.errors.TLSConfigError` naming the file or setting when TLS is why calls fail."""
+        from tfdist.errors import TLSConfigError
+        from tfdist.tls import diagnose
+
+        message = diagnose(self._address, self._tls_ca, what="the shared queue", ca_setting="tls_ca",
+                           server_settings="the queue's tls_cert and tls_key (security.tls_cert / tls_key, or "
+                                           "--tls-cert / --tls-key)")
+        if message:
+            raise TLSConfigError(message)
 
     # -- consumer side -------------------------------------------------------------
 

@@ -64,11 +64,9 @@ _SPARE_THREADS = 8
 
 def load_tls_server_credentials(cert_path: str, key_path: str) -> grpc.ServerCredentials:
     """Reads a PEM certificate chain and key into gRPC server credentials."""
-    with open(cert_path, "rb") as f:
-        cert = f.read()
-    with open(key_path, "rb") as f:
-        key = f.read()
-    return grpc.ssl_server_credentials([(key, cert)])
+    from tfdist.tls import server_credentials
+
+    return server_credentials(cert_path, key_path)
 
 
 def _encode(reply) -> bytes:
