@@ -31,7 +31,7 @@ doubling up to the table's capacity.
   the victims means ordering every row, which the PS does under its lock
   (lookups wait). From a capacity of :data:`CHOOSE_AHEAD_FROM` rows, once
   the table is 7/8 full, the next victims are chosen ahead on a thread of
-  their own, from a copy of the rows' recency and counts (:class:`_Ahead`):
+  their own, from a copy of the rows' recency and counts (:class:`~tfdist.ps._eviction.Ahead`):
   the eviction itself then only frees them (those updated since the copy are
   skipped, as they are no longer the oldest), and chooses under the lock only
   if the candidates ran out. For ``lru`` the victims are exactly those a
@@ -45,13 +45,14 @@ changes nothing. No I/O, no TensorFlow.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from tfdist.ps._eviction import Ahead as _Ahead
+from tfdist.ps._eviction import eviction_order as _eviction_order
 from tfdist.ps.sparse import TableSpec, dynamic_capacity_rows, make_row_optimizer
 
 __all__ = ["DynamicTable", "IdIndex", "hash64", "initial_rows", "shard_of_ids"]
@@ -281,45 +282,6 @@ class PreparedUpdate:
 
 #: Counters a dynamic table keeps (in ``ps_status()`` and checkpoints).
 COUNTERS = ("created", "evicted", "not_admitted")
-
-
-def _eviction_order(last: np.ndarray, count: np.ndarray, live: np.ndarray, updates: int, eviction: str,
-                    k: int) -> np.ndarray:
-    """The ``k`` slots (of ``live`` ones) first to go, in order: least recently (``lru``) or least often
-    (``lfu``, ties by recency) updated. Slots whose score is set to inf beforehand never go."""
-    score = last.astype(np.float64)
-    if eviction == "lfu":  # ties broken by recency: last / (updates + 1) < 1
-        score = count + score / (updates + 1)
-    score[~live] = np.inf
-    k = min(k, int(np.isfinite(score).sum()))
-    if k <= 0:
-        return np.zeros(0, np.int64)
-    part = np.argpartition(score, k - 1)[:k]
-    return part[np.argsort(score[part], kind="stable")].astype(np.int64)
-
-
-class _Ahead:
-    """Eviction victims chosen on a thread from a copy of a table's row metadata (see the module's docstring).
-
-    ``slots`` (first to go first) and the recency ``last`` each had in the copy are set once ``ready``.
-    """
-
-    def __init__(self, last, count, live, updates: int, eviction: str, k: int):
-        self.slots = self.last = np.zeros(0, np.int64)
-        self.ready = threading.Event()
-        self._thread = threading.Thread(target=self._choose, args=(last, count, live, updates, eviction, k),
-                                        name="tfdist-evict-ahead", daemon=True)
-        self._thread.start()
-
-    def _choose(self, last, count, live, updates, eviction, k) -> None:
-        try:
-            slots = _eviction_order(last, count, live, updates, eviction, k)
-            self.slots, self.last = slots, last[slots]
-        finally:
-            self.ready.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self.ready.wait(timeout)
 
 
 class DynamicTable:
