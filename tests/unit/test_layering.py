@@ -18,7 +18,8 @@ import tfdist
 #: Bottom first. Keep README "Architecture" in step with it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("tfdist.constants", "tfdist.errors")),
-    ("how a task process ends", ("tfdist.exit_status", "tfdist.run")),
+    ("how a task process ends", ("tfdist.exit_status",)),
+    ("running a task's script", ("tfdist.run",)),
     ("TF compatibility and datasets", ("tfdist._tf_compat", "tfdist.datasets")),
     ("encoding", ("tfdist.auth", "tfdist.tls", "tfdist.wire")),
     ("transport", ("tfdist.grpc_service",)),
