@@ -10,6 +10,8 @@ Real PS tasks on 127.0.0.1 (gRPC), the workers' sessions in this process.
 """
 
 import logging
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -86,3 +88,54 @@ def test_a_chief_that_finds_every_task_holding_values_takes_them():
     finally:
         for s in servers:
             s.stop(0)
+
+
+def test_a_worker_whose_ps_task_is_lost_while_it_starts_waits_for_it_and_starts(caplog):
+    """A PS task lost during a worker's start-up does not fail the worker: it waits for the task and starts over.
+
+    Seen in CI (``test_a_dynamic_table_survives_a_killed_ps[async]``): worker 1
+    began its first step late, its start-up ``WaitInit`` to ps:1 was cut by the
+    kill, and the worker failed (``PSUnavailableError``) although the launcher
+    restarted ps:1 within a second. Here worker 1 waits in ``WaitInit`` on ps:0
+    (the chief has not initialised the job), ps:0 is stopped (the wait is cut)
+    and started again at the same port; the chief then initialises the job and
+    worker 1 starts with the chief's values.
+    """
+    servers = [PSServer(None, token=TOKEN, num_workers=2).start() for _ in range(2)]
+    replacement, other, outcome = None, None, {}
+    try:
+        other = _session([s.address for s in servers], 1)
+
+        def start():
+            try:
+                outcome["values"] = other.initialize({})
+            except Exception as e:  # noqa: BLE001 (asserted below)
+                outcome["error"] = e
+
+        thread = threading.Thread(target=start, daemon=True)
+        with caplog.at_level(logging.WARNING, logger="tfdist.ps.session"):
+            thread.start()
+            deadline = time.monotonic() + 30
+            while servers[0].store.waits.waiters == 0:  # worker 1 waits in WaitInit on ps:0
+                assert time.monotonic() < deadline and thread.is_alive(), outcome
+                time.sleep(0.01)
+            port = servers[0].port
+            servers[0].stop(0)  # its wait is cut (UNAVAILABLE)
+            replacement = PSServer(None, port=port, token=TOKEN, num_workers=2).start()
+            chief = _session([replacement.address, servers[1].address], 0)
+            assert chief.initialize(_values(2.0)) is None
+            thread.join(60)
+            assert not thread.is_alive()
+        assert "error" not in outcome, outcome  # before: PSUnavailableError (WaitInit ... UNAVAILABLE)
+        for key, value in outcome["values"].items():
+            np.testing.assert_array_equal(value, _values(2.0)[key])
+        assert "lost while this worker started" in caplog.text
+        chief.sync(_values(3.0))
+        other.sync(_values(4.0))  # both take part in the job
+        chief.client.close()
+    finally:
+        if other is not None:
+            other.client.close()
+        for s in [*servers, replacement]:
+            if s is not None:
+                s.stop(0)

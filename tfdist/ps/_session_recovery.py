@@ -108,7 +108,9 @@ class SessionRecovery:
         self._hb_thread = self._heartbeat_thread()
         self._hb_thread.start()
 
-    def _wait_all_answer(self, deadline: float, cause: Exception) -> dict[int, dict]:
+    def _wait_all_answer(self, deadline: float, cause: Exception, setting: str = "reconnect_timeout_s"
+                         ) -> dict[int, dict]:
+        """Every task's brief status, once all answer (backoff up to ``deadline``, which ``ps.<setting>`` set)."""
         delay = 0.1
         while True:
             remaining = deadline - time.monotonic()
@@ -117,8 +119,8 @@ class SessionRecovery:
             except PSUnavailableError as e:
                 if time.monotonic() + delay > deadline:
                     raise PSUnavailableError(
-                        f"A parameter server did not come back within {self.reconnect_timeout_s:g} s "
-                        f"(ps.reconnect_timeout_s): {e}. It was lost with: {cause}") from e
+                        f"A parameter server did not come back within {getattr(self, setting):g} s "
+                        f"(ps.{setting}): {e}. It was lost with: {cause}") from e
                 time.sleep(delay)
                 delay = min(2 * delay, 2.0)
 

@@ -219,10 +219,29 @@ class WorkerSession(SessionJoins, SessionRecovery, SessionTables):
     def initialize(self, local_values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """Makes the PS and this worker agree on initial values.
 
+        A PS task lost while this worker starts (killed, restarted by the
+        launcher) does not fail the start: the worker waits for every task to
+        answer again and starts over (within ``startup_timeout_s``; a task
+        that restarts from its checkpoint holds the job's state, one that
+        restarts empty is initialised by the chief as on a fresh job).
+
         Returns:
             The values this worker must load into its variables, or ``None``
             when its own values became the PS's (the chief on a fresh job).
         """
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            try:
+                return self._initialize_once(local_values)
+            except PSUnavailableError as e:
+                if time.monotonic() >= deadline:
+                    raise
+                logger.warning("worker %d: a parameter server was lost while this worker started (%s); waiting for "
+                               "it to answer again, then starting over", self.worker_id, e)
+                self._wait_all_answer(deadline, e, "startup_timeout_s")
+                self.state.forget_incarnations()
+
+    def _initialize_once(self, local_values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         self.client.wait_ready(self.startup_timeout_s)
         if self.is_chief:
             parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
