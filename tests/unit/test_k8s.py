@@ -1,5 +1,6 @@
 """Kubernetes manifests (tfdist.cluster.k8s, ``tfdist.launch --emit``): structure, TF_CONFIG per pod, secret, volume."""
 
+import functools
 import json
 import os
 import re
@@ -111,8 +112,12 @@ def test_plain_manifests_for_multi_machine():
             assert container["command"] == ["python", "-m", "tfdist.ps"]
         else:
             assert container["command"] == ["python", "-m", "tfdist.run", "examples/train_digits.py", "--epochs", "3"]
-        # every task restarts in place: a PS restores its checkpoint, the chief rejoins (launch.restart_chief)
-        assert pod["restartPolicy"] == "OnFailure" and job["spec"]["backoffLimit"] == k8s.RESTART_LIMIT
+        assert job["spec"]["backoffLimit"] == k8s.RESTART_LIMIT
+        if task == TaskSpec("chief", 0):  # replaced when killed, rejoins (launch.restart_chief); exit 1-127 fails
+            assert pod["restartPolicy"] == "Never"
+            assert job["spec"]["podFailurePolicy"] == k8s.chief_pod_failure_policy("tfdist")
+        else:  # the others restart in place: a PS restores its checkpoint
+            assert pod["restartPolicy"] == "OnFailure" and "podFailurePolicy" not in job["spec"]
         assert "activeDeadlineSeconds" not in job["spec"]
         # PS pods checkpoint onto the mounted claim
         assert JobConfig.from_json(_values(container)[constants.ENV_CONFIG]).ps.checkpoint_dir == "/checkpoints/ps"
@@ -177,7 +182,7 @@ def test_a_pod_reads_back_the_config_and_its_task(make_config, monkeypatch):
 def test_without_a_chief_worker_0_plays_it():
     cfg = JobConfig.from_dict({"name": "digits", "cluster": {"worker": 2, "ps": 1}})
     pods = _containers(k8s.kubernetes_jobs(cfg, IMAGE, "train.py"))
-    assert pods[TaskSpec("worker", 0)][0]["restartPolicy"] == "OnFailure"  # it rejoins (launch.restart_chief)
+    assert pods[TaskSpec("worker", 0)][0]["restartPolicy"] == "Never"  # its Job replaces it by the chief's rule
     assert pods[TaskSpec("worker", 1)][0]["restartPolicy"] == "OnFailure"
     mounted = {t for t, (pod, _) in pods.items() if any(v["name"] == "checkpoints" for v in pod.get("volumes", []))}
     assert mounted == {TaskSpec("ps", 0), TaskSpec("worker", 0)}
@@ -211,7 +216,7 @@ def test_kubeflow_tfjob_structure():
     replicas = tfjob["spec"]["tfReplicaSpecs"]
     assert {r: s["replicas"] for r, s in replicas.items()} == {"Chief": 1, "Worker": 3, "PS": 2, "Evaluator": 1}
     assert {r: s["restartPolicy"] for r, s in replicas.items()} == {
-        "Chief": "OnFailure", "Worker": "OnFailure", "PS": "OnFailure", "Evaluator": "OnFailure"}
+        "Chief": "ExitCode", "Worker": "OnFailure", "PS": "OnFailure", "Evaluator": "OnFailure"}
     for rtype, spec in replicas.items():
         pod = spec["template"]["spec"]
         assert "restartPolicy" not in pod  # a replica spec field in a TFJob
@@ -421,9 +426,10 @@ def test_ttl_and_pod_replacement_policy():
     jobs = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Job"}
     assert {spec["ttlSecondsAfterFinished"] for spec in jobs.values()} == {86400}
     assert tfjob["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 86400
-    # A replacement PS pod never runs beside the one it replaces (two writers on one checkpoint folder).
+    # A replacement PS pod never runs beside the one it replaces (two writers on one checkpoint folder); the
+    # chief's Job has a podFailurePolicy, which Kubernetes accepts only with podReplacementPolicy: Failed.
     assert {name for name, spec in jobs.items() if spec.get("podReplacementPolicy") == "Failed"} == {
-        "full-ps-0", "full-ps-1"}
+        "full-ps-0", "full-ps-1", "full-chief-0"}
 
 
 def test_tls_files_come_from_the_tls_secret():
@@ -599,3 +605,55 @@ def test_cli_a_bad_job_name_exits_2(capsys, tmp_path):
     assert code == 2
     assert "Invalid config field `name` for Kubernetes. Received: name='My_Job'" in err
     assert "Use e.g. name: my-job." in err
+
+
+# ------------------------------------------------------------------ the chief's restart rule
+@functools.lru_cache(maxsize=1)
+def _job_spec_schema():
+    """A validator of the ``batch/v1`` JobSpec schema inside the vendored JobSet CRD (v0.9.1), every object closed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_jobset_schema", os.path.join(os.path.dirname(__file__),
+                                                                                  "test_jobset.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    replicated = module.CRD_SCHEMA["properties"]["spec"]["properties"]["replicatedJobs"]["items"]
+    schema = replicated["properties"]["template"]["properties"]["spec"]
+    import jsonschema
+
+    jsonschema.validators.validator_for(schema).check_schema(schema)
+    return jsonschema.validators.validator_for(schema)(schema)  # checked once (validate() checks every call)
+
+
+@pytest.mark.parametrize("data", [FULL, {"name": "nochief", "cluster": {"worker": 2, "ps": 1}},
+                                  dict(FULL, launch={"restart_chief": False}),
+                                  {"name": "ar", "cluster": {"worker": 2}}])
+def test_every_plain_job_spec_validates_against_the_kubernetes_job_schema(data):
+    import jsonschema
+
+    validator = _job_spec_schema()
+    for doc in k8s.kubernetes_jobs(JobConfig.from_dict(data), IMAGE, "train.py"):
+        if doc["kind"] == "Job":
+            validator.validate(doc["spec"])
+    with pytest.raises(jsonschema.ValidationError):  # the schema is closed: a misspelt field fails
+        validator.validate({"template": {}, "podFailurPolicy": {}})
+
+
+def test_the_chief_job_fails_on_the_exit_codes_the_launcher_does_not_restart():
+    """Kubernetes' podFailurePolicy matches ``decide_chief_restart`` for every exit code a container can report."""
+    from tfdist.cluster.failure import decide_chief_restart
+
+    cfg = JobConfig.from_dict(FULL)
+    [rule, ignore] = k8s.chief_pod_failure_policy("tfdist")["rules"]
+    assert rule["action"] == "FailJob" and rule["onExitCodes"]["operator"] == "In"
+    values = rule["onExitCodes"]["values"]
+    assert values == sorted(set(values)) and 0 not in values and len(values) <= 255  # what the API server accepts
+    for code in range(1, 256):  # a container's exit code: 128 + N when signal N killed it
+        fails_job = code in values
+        assert fails_job == (not decide_chief_restart(cfg, code, said_done=False, restarts=0).restart), code
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    # restart_chief: false, or no parameter servers: the chief's Job never replaces its pod
+    for data in (dict(FULL, launch={"restart_chief": False}), {"name": "ar", "cluster": {"worker": 2}}):
+        chief = next(d for d in k8s.kubernetes_jobs(JobConfig.from_dict(data), IMAGE, "t.py")
+                     if d["kind"] == "Job" and d["metadata"]["name"].endswith(("chief-0", "worker-0")))
+        assert chief["spec"]["backoffLimit"] == 0 and "podFailurePolicy" not in chief["spec"]

@@ -38,7 +38,8 @@ from typing import Iterable
 
 from tfdist.config import JobConfig
 
-__all__ = ["FailureAction", "FailureDecision", "RestartDecision", "decide_chief_restart", "decide_worker_failure"]
+__all__ = ["ENDED_BY_ITSELF_EXIT_CODES", "FailureAction", "FailureDecision", "RestartDecision", "decide_chief_restart",
+           "decide_worker_failure"]
 
 class FailureAction(str, enum.Enum):
     """What to do about a worker that died."""
@@ -119,12 +120,17 @@ class RestartDecision:
 #: Exit codes from 128 up are how a shell (or a container runtime) reports a process killed by signal code-128.
 _SIGNAL_EXIT_CODES = range(128, 256)
 
+#: Exit codes of a process that ended by itself with an error (a Python exception: 1; ``sys.exit(n)``,
+#: ``os._exit(n)``; a ``ConfigError``: 78). A chief that exits with one is not started again
+#: (:func:`decide_chief_restart`); the Kubernetes manifests fail the chief's Job on them (``podFailurePolicy``).
+ENDED_BY_ITSELF_EXIT_CODES = range(1, 128)
+
 
 def decide_chief_restart(config: JobConfig, exit_code: int, said_done: bool, restarts: int) -> RestartDecision:
     """Decides whether the launcher starts a chief that exited non-zero again (``launch.restart_chief``).
 
-    The rule is the one of Kubeflow's ``restartPolicy: ExitCode``: a chief
-    that was *killed* (a signal: SIGKILL, the OOM killer, a crash such as
+    The rule (close to Kubeflow's ``restartPolicy: ExitCode``, which also
+    counts SIGSEGV and SIGABRT as permanent) is: a chief that was *killed* (a signal: SIGKILL, the OOM killer, a crash such as
     SIGSEGV or SIGABRT; a negative exit code, or 128 + the signal from a shell)
     is started again; its script runs from the start and joins the running
     job. A chief that *ended by itself* with an error (a Python exception

@@ -31,7 +31,10 @@ What the JobSet holds:
   a PS replacement starts only once the old pod is gone
   (``podReplacementPolicy: Failed``) and restores its newest checkpoint. A
   pod that exits with tfdist's config-error code (78: a ``ConfigError``,
-  deterministic) fails its Job at once (``podFailurePolicy``), and the
+  deterministic), and a chief that exits with any code 1-127 (it ended by
+  itself with an error: the local launcher does not restart it either,
+  :func:`~tfdist.cluster.failure.decide_chief_restart`), fails its Job at
+  once (``podFailurePolicy``), and the
   JobSet's ``failurePolicy`` rule on ``PodFailurePolicy`` fails the JobSet
   without restarting it; any other Job failure restarts the whole JobSet up
   to ``failurePolicy.maxRestarts`` (:data:`JOBSET_MAX_RESTARTS`) times.
@@ -174,19 +177,23 @@ def kubernetes_jobset(
                             with_tf_config=True, saves=saves, restart_policy="Never")
         _indexed_env(addressed, job, pod)
         # Without a chief, worker 0 plays it, but every worker shares one template: it restarts like the others.
-        chief_never = job == "chief" and k8s._chief_policy(config) == "Never"
+        chief_never = job == "chief" and not k8s._chief_restarts(config)
         pod_labels = {**labels, k8s._LABEL_TYPE: job}
+        if job == "chief":  # the launcher's rule: ended by itself with an error (1-127) fails the JobSet at once
+            failure = k8s.chief_pod_failure_policy(_CONTAINER)
+        else:
+            failure = {"rules": [
+                {"action": "FailJob",  # a ConfigError fails the same way every time: no replacement pod
+                 "onExitCodes": {"containerName": _CONTAINER, "operator": "In", "values": [EXIT_CONFIG_ERROR]}},
+                # evicted, preempted (status is required by the CRD's Job schema: JobSet v0.9.1)
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]}
         spec: dict[str, Any] = {
             "completionMode": "Indexed",
             "completions": count,
             "parallelism": count,
             "backoffLimit": 0 if chief_never else k8s.RESTART_LIMIT * count,
-            "podFailurePolicy": {"rules": [
-                {"action": "FailJob",  # a ConfigError fails the same way every time: no replacement pod
-                 "onExitCodes": {"containerName": _CONTAINER, "operator": "In", "values": [EXIT_CONFIG_ERROR]}},
-                # evicted, preempted (status is required by the CRD's Job schema: JobSet v0.9.1)
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            ]},
+            "podFailurePolicy": failure,
             "podReplacementPolicy": "Failed",  # required with podFailurePolicy; no two PS pods on one checkpoint
             **k8s._deadline(config),
             "template": {"metadata": {"labels": pod_labels}, "spec": pod},

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from tfdist import constants
+from tfdist.cluster.failure import ENDED_BY_ITSELF_EXIT_CODES
 from tfdist.cluster.local import task_argv, task_environment
 from tfdist.config import JOB_NAMES, ClusterConfig, JobConfig, TaskSpec
 from tfdist.errors import ConfigError
@@ -358,9 +359,27 @@ def _volumes(config: JobConfig, task: TaskSpec, opts: _PodOptions, saves: bool) 
 PS_CHECKPOINT_SUBDIR = "ps"
 
 
-def _chief_policy(config: JobConfig) -> str:
-    """``OnFailure`` when a restarted chief rejoins a running PS job (``launch.restart_chief``), else ``Never``."""
-    return "OnFailure" if config.cluster.ps and config.launch.restart_chief else "Never"
+def _chief_restarts(config: JobConfig) -> bool:
+    """Whether a killed chief is started again: it rejoins a running PS job (``launch.restart_chief``)."""
+    return bool(config.cluster.ps and config.launch.restart_chief)
+
+
+def chief_pod_failure_policy(container: str) -> dict[str, Any]:
+    """The chief Job's ``podFailurePolicy``: the local launcher's restart rule (``decide_chief_restart``).
+
+    A chief that ended by itself with an error (exit codes 1-127: a Python
+    exception, ``sys.exit(n)``, ``os._exit(n)``, a ``ConfigError``'s 78)
+    fails its Job at once: its script would run into the same error again.
+    One killed by a signal (128 + N: SIGKILL, the OOM killer, SIGTERM, a
+    crash) is replaced, up to the Job's ``backoffLimit``; one evicted or
+    preempted (``DisruptionTarget``) is replaced without counting.
+    """
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In",
+                                              "values": list(ENDED_BY_ITSELF_EXIT_CODES)}},
+        # status is required by the Job schema of JobSet's CRD (v0.9.1)
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
 
 
 def _with_ps_checkpoints(config: JobConfig, opts: _PodOptions) -> JobConfig:
@@ -440,16 +459,22 @@ def kubernetes_jobs(
     ``TF_CONFIG`` and ``TFDIST_CONFIG`` of :func:`kubernetes_config` and the
     token from the Secret ``<name>-token``.
 
-    Restart policies: every task ``OnFailure``: a worker restarts in place
-    and rejoins from the current values; a PS task restarts in place at the
-    same address and restores its newest checkpoint from the checkpoint
-    volume (``ps.checkpoint_dir``, by default ``/checkpoints/ps`` on the
-    claim), and the workers reconnect; the chief (worker 0 when there is no
-    chief) rejoins the running job like the local launcher's
-    ``launch.restart_chief`` — with ``launch.restart_chief: false``, or in a
-    job without parameter servers, it is ``Never`` (its failure ends the
-    job). ``OnFailure`` Jobs get ``backoffLimit:`` :data:`RESTART_LIMIT`: a Job fails when its restarts
-    reach it (2 restarts survive). ``launch.job_timeout_s`` becomes every Job's ``activeDeadlineSeconds``.
+    Restart policies: every task but the chief ``OnFailure``: a worker
+    restarts in place and rejoins from the current values; a PS task
+    restarts in place at the same address and restores its newest
+    checkpoint from the checkpoint volume (``ps.checkpoint_dir``, by default
+    ``/checkpoints/ps`` on the claim), and the workers reconnect. The chief
+    (worker 0 when there is no chief) follows the local launcher's rule
+    (:func:`~tfdist.cluster.failure.decide_chief_restart`): its pod is
+    ``Never`` and its Job replaces it (same hostname; it rejoins the running
+    job) when it was killed by a signal, while exit codes 1-127 (it ended by
+    itself with an error) fail the Job at once
+    (:func:`chief_pod_failure_policy`); with ``launch.restart_chief: false``,
+    or in a job without parameter servers, its Job has ``backoffLimit: 0``.
+    The other Jobs, and a restarting chief's, get ``backoffLimit:``
+    :data:`RESTART_LIMIT`: a Job fails when its restarts reach it (2
+    restarts survive). ``launch.job_timeout_s`` becomes every Job's
+    ``activeDeadlineSeconds``.
 
     Args:
         config: The job. Counts and addresses in its cluster are replaced by
@@ -503,20 +528,25 @@ def kubernetes_jobs(
     for task in _tasks(addressed):
         host = task_host(config, task)
         plays_chief = task == chief_task
-        policy = _chief_policy(config) if plays_chief else "OnFailure"
+        # The chief's pod is replaced (a new pod, same hostname) by the launcher's rule; the others restart in place.
+        policy = "Never" if plays_chief else "OnFailure"
+        restarts = not plays_chief or _chief_restarts(config)
         pod_labels = {**labels, _LABEL_TYPE: task.job, _LABEL_INDEX: str(task.index)}
         pod = _pod_spec(addressed, task, opts, container="tfdist", port_name=_PORT_NAME, with_tf_config=True,
                         saves=plays_chief, restart_policy=policy)
         pod = {"hostname": host, "subdomain": config.name, **pod}
+        failure = {"podFailurePolicy": chief_pod_failure_policy("tfdist")} if plays_chief and restarts else {}
         docs.append({
             "apiVersion": "batch/v1",
             "kind": "Job",
             "metadata": _metadata(config, host, namespace, pod_labels),
             "spec": {
-                "backoffLimit": 0 if policy == "Never" else RESTART_LIMIT,
+                "backoffLimit": RESTART_LIMIT if restarts else 0,
                 **_deadline(config),
                 **_ttl(config),
-                **({"podReplacementPolicy": "Failed"} if task.job == "ps" else {}),
+                **failure,
+                # PS: never two pods on one checkpoint folder; the chief: required with podFailurePolicy
+                **({"podReplacementPolicy": "Failed"} if task.job == "ps" or failure else {}),
                 "template": {"metadata": {"labels": pod_labels}, "spec": pod},
             },
         })
@@ -548,9 +578,13 @@ def kubeflow_tfjob(
     ``runPolicy.backoffLimit:`` :data:`RESTART_LIMIT` (the TFJob fails when the
     restarts of all its pods together reach it: 2 survive);
     a PS restores its newest checkpoint from the checkpoint volume. ``Chief``
-    ``OnFailure`` too (it rejoins the running job, ``launch.restart_chief``),
-    or ``Never`` with ``launch.restart_chief: false`` (its failure fails the
-    TFJob, and ``cleanPodPolicy: Running`` removes the other pods). Workers share one pod template, so
+    ``ExitCode`` (the operator's nearest to the local launcher's rule: a
+    chief killed by SIGINT, SIGKILL, SIGUSR1 or SIGTERM restarts and rejoins
+    the running job, ``launch.restart_chief``; one that exits 1-127 fails
+    the TFJob; unlike the launcher, the operator also counts other signals,
+    such as SIGSEGV and SIGABRT, as permanent), or ``Never`` with
+    ``launch.restart_chief: false`` (its failure fails the TFJob, and
+    ``cleanPodPolicy: Running`` removes the other pods). Workers share one pod template, so
     without a chief worker 0 restarts like the others: give the config a
     chief. The TFJob succeeds when the chief (else worker 0) exits 0; then
     ``cleanPodPolicy: Running`` deletes every pod still running — the PS
@@ -593,7 +627,9 @@ def kubeflow_tfjob(
         count = len(getattr(addressed.cluster, job))
         if not count:
             continue
-        policy = _chief_policy(config) if job == "chief" else "OnFailure"
+        policy = "OnFailure"
+        if job == "chief":  # the operator's ExitCode: exit 1-127 fails the TFJob, SIGINT/KILL/USR1/TERM restart
+            policy = "ExitCode" if _chief_restarts(config) else "Never"
         # TF_CONFIG comes from the operator; the rest of the environment is the same for every index.
         pod = _pod_spec(addressed, TaskSpec(job, 0), opts, container=_KUBEFLOW_CONTAINER,
                         port_name=_KUBEFLOW_PORT_NAME, with_tf_config=False, saves=_saves(config, job),
