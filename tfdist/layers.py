@@ -289,7 +289,17 @@ class DynamicEmbedding(keras.layers.Layer):
         return lookup(self._runtime, self._table_key, self.output_dim, inputs, self._anchor.value)
 
     def save_own_variables(self, store):
-        """Nothing: the rows are in the PS checkpoints and in exports (``tfdist.checkpoint``), not in model files."""
+        """Nothing: the rows are in the PS checkpoints and in exports (``tfdist.checkpoint``), not in model files.
+
+        Saving a trained layer says so (a warning): a model loaded from the
+        file reads ``default_value`` for every id.
+        """
+        if self._table_key is not None:
+            logger.warning("model.save/save_weights holds no rows of DynamicEmbedding %r: they live on the parameter "
+                           "servers (and in their checkpoints). A model loaded from this file reads default_value=%s "
+                           "for every id. To serve the table, export it (tfdist.checkpoint.export_table) and build a "
+                           "plain Keras model with tfdist.checkpoint.serving_model.", self.name,
+                           self.options["default_value"])
 
     def load_own_variables(self, store):
         """Nothing to load (see :meth:`save_own_variables`)."""

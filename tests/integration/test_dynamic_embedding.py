@@ -11,6 +11,7 @@ under RUN_SLOW.
 """
 
 import json
+import logging
 import os
 import sys
 
@@ -113,7 +114,7 @@ def test_string_ids_are_hashed_and_get_a_row_each():
         strategy.shutdown()
 
 
-def test_admission_and_eviction_through_the_layer_are_counted_on_the_ps():
+def test_admission_and_eviction_through_the_layer_are_counted_on_the_ps(tmp_path, caplog):
     ids, y = _data()
     keras.backend.clear_session()
     strategy = tfdist.ParameterServerStrategy()
@@ -142,6 +143,10 @@ def test_admission_and_eviction_through_the_layer_are_counted_on_the_ps():
         assert tables[bounded.table_key]["rows"] <= 16 and tables[bounded.table_key]["evicted"] > 0
         assert tables[bounded.table_key]["created"] - tables[bounded.table_key]["evicted"] == \
             tables[bounded.table_key]["rows"]
+        with caplog.at_level(logging.WARNING, logger="tfdist.layers"):
+            model.save(tmp_path / "model.keras")  # the rows are not in the file: it says so, per layer
+        for layer in (admitted, bounded):
+            assert f"holds no rows of DynamicEmbedding {layer.name!r}" in caplog.text
     finally:
         strategy.shutdown()
 
