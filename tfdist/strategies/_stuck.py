@@ -39,8 +39,8 @@ from typing import Callable
 
 from tfdist import constants
 
-__all__ = ["StuckTaskWatchdog", "start_stuck_task_watchdog", "stop_stuck_task_watchdog", "note_progress",
-           "DEFAULT_STUCK_TIMEOUT_S"]
+__all__ = ["StuckTaskWatchdog", "arm_exit_watchdog", "start_stuck_task_watchdog", "stop_stuck_task_watchdog",
+           "note_progress", "DEFAULT_STUCK_TIMEOUT_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -204,3 +204,22 @@ def stop_stuck_task_watchdog() -> None:
     if _WATCHDOG is not None:
         _WATCHDOG.stop()
         _WATCHDOG = None
+
+
+def arm_exit_watchdog() -> None:
+    """Bounds interpreter shutdown of a task process: exit 1 (with every thread's stack) if it hangs.
+
+    A worker that stopped ``fit`` early (elastic jobs) sometimes never
+    exited: a ``tf.data`` iterator's destructor waited for one of its threads
+    forever (seen in TF 2.21 under py-spy: ``IteratorResource::~IteratorResource``
+    → ``LogicalThreadWrapper`` → ``WaitForNotification``). The cause, an
+    iterator freed by the garbage collector on an inter-op thread, is removed
+    (:mod:`tfdist.strategies._keras_iterators`); this bound stays for what
+    else may hang at exit. ``faulthandler``'s watchdog is a C thread that
+    needs no GIL, so it still fires then. ``TFDIST_EXIT_TIMEOUT_S`` (default
+    20; 0 disables) sets the bound.
+    """
+    stop_stuck_task_watchdog()  # faulthandler has one timer: from here on it bounds the exit
+    seconds = float(os.environ.get(constants.ENV_EXIT_TIMEOUT_S, "20") or 0)
+    if seconds > 0:
+        faulthandler.dump_traceback_later(seconds, exit=True)

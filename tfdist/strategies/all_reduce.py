@@ -39,6 +39,7 @@ import tensorflow as tf
 from tfdist import constants
 from tfdist._tf_compat import (StrategyBase, in_xla_compilation, is_loss_scale_check, keras_variable_owner,
                                refuse_legacy_keras)
+from tfdist.strategies._keras_iterators import install as install_iterator_release
 from tfdist.strategies._worker_files import install as install_worker_files
 from tfdist.collective import (DEFAULT_TIMEOUT_S, PURPOSE_GRADIENTS, PURPOSE_REDUCE, CollectiveError,
                                CollectiveSetupError, WorkerGroup, get_worker_group, init_worker_group)
@@ -444,6 +445,7 @@ class AllReduceStrategy(StrategyBase):
                                           timeout_s if timeout_s is not None else group.timeout_s or DEFAULT_TIMEOUT_S)
         super().__init__(AllReduceExtended(self, self._runtime))
         install_worker_files()  # the stock callbacks' files: the chief's are the job's (tfdist.strategies._worker_files)
+        install_iterator_release()  # fit's tf.data iterators freed when it returns (tfdist.strategies._keras_iterators)
         me = group.spec.me
         self._chief = is_chief_task(group.spec.jobs(), me.job, me.index)
         self.extended.set_job(group.worker_id, self._chief, cluster_resolver(group.spec.jobs(), me.job, me.index),

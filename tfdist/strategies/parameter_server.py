@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import gc
 import logging
 import os
 import secrets
@@ -45,10 +46,11 @@ from tfdist.strategies._worker_files import install as install_worker_files
 from tfdist.strategies._contract import cluster_resolver, reduce_over_axis
 from tfdist.strategies._job_meeting import JobMeeting
 from tfdist.strategies._job_logs import install_job_epoch_logs
+from tfdist.strategies._keras_iterators import install as install_iterator_release
 from tfdist.strategies._ps_extended import ParameterServerExtended, install_plain_batch_results
 from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter
 from tfdist.strategies._runtimes import make_runtime
-from tfdist.strategies._stuck import start_stuck_task_watchdog, stop_stuck_task_watchdog
+from tfdist.strategies._stuck import arm_exit_watchdog, start_stuck_task_watchdog
 from tfdist.strategies._tables import install_resident_embeddings
 
 __all__ = ["ParameterServerStrategy", "SyncReplicasStrategy", "BSPStrategy", "SSPStrategy", "DTSSPStrategy",
@@ -175,6 +177,7 @@ class ParameterServerStrategy(StrategyBase):
         install_plain_batch_results()  # train_on_batch's list without the ps_* statistics, as plain Keras
         install_job_epoch_logs()  # BSP/SyncReplicas: callbacks see the job's epoch logs
         install_worker_files()  # the stock callbacks' files: the chief's are the job's (tfdist.strategies._worker_files)
+        install_iterator_release()  # fit's tf.data iterators freed when it returns (tfdist.strategies._keras_iterators)
         super().__init__(ParameterServerExtended(self, self._runtime))
         self._meeting = JobMeeting(self._runtime)  # strategy.barrier, the gradient path's strategy.reduce
         # Gradient path: the workers are one sync group (replica id = worker id); update path: each its own.
@@ -449,6 +452,7 @@ class ParameterServerStrategy(StrategyBase):
         return self._runtime.evaluation_rounds(interval_s)
 
     def _at_exit(self) -> None:
+        gc.collect()  # garbage holding tf.data iterators is freed here, not on an inter-op thread of a later op
         in_cluster = self._local_server is None
         if not in_cluster:  # nothing reads an in-process PS after exit: do not send it the held steps
             self._runtime.close(done=False, flush=False)
@@ -460,7 +464,7 @@ class ParameterServerStrategy(StrategyBase):
                            "done (they keep serving, so this task can be started again)", self._runtime.worker_id)
         self.shutdown(done=not failed)
         if in_cluster and self._task_process:
-            _arm_exit_watchdog()
+            arm_exit_watchdog()
 
     def shutdown(self, done: bool = True) -> None:
         """Tells the PS this worker is done and closes connections (idempotent).
@@ -483,25 +487,6 @@ class ParameterServerStrategy(StrategyBase):
         if self._local_server is not None:
             self._local_server.stop(0)
             self._local_server = None
-
-
-def _arm_exit_watchdog() -> None:
-    """Bounds interpreter shutdown of a task process: exit 1 (with every thread's stack) if it hangs.
-
-    A worker that stopped ``fit`` early (elastic jobs) sometimes never exits:
-    at interpreter finalisation a ``tf.data`` iterator's destructor waits for
-    one of its threads forever (seen in TF 2.21 under py-spy:
-    ``IteratorResource::~IteratorResource`` → ``LogicalThreadWrapper`` →
-    ``WaitForNotification``). ``faulthandler``'s watchdog is a C thread that
-    needs no GIL, so it still fires then. ``TFDIST_EXIT_TIMEOUT_S`` (default
-    20; 0 disables) sets the bound.
-    """
-    import faulthandler
-
-    stop_stuck_task_watchdog()  # faulthandler has one timer: from here on it bounds the exit
-    seconds = float(os.environ.get(constants.ENV_EXIT_TIMEOUT_S, "20") or 0)
-    if seconds > 0:
-        faulthandler.dump_traceback_later(seconds, exit=True)
 
 
 class _ExcludeStragglers(StragglerEngine):
