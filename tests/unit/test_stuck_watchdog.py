@@ -1,8 +1,9 @@
 """Stuck-task detection (tfdist/strategies/_stuck.py): a Keras call that stops moving is reported, a moving one not.
 
 Threads stand in for a task's main thread; a function named ``fit`` compiled
-under a ``keras/`` path stands in for Keras's. No sockets, no TensorFlow;
-every wait is bounded.
+under a ``keras/`` path stands in for Keras's. No sockets; every wait is
+bounded. The exit watchdog's tests run a Python process each (it imports
+tfdist, so TensorFlow).
 """
 
 import os
@@ -109,3 +110,42 @@ def test_the_process_watchdog_follows_the_environment(monkeypatch):
         assert dog.timeout_s == 123 and _stuck.start_stuck_task_watchdog() is dog  # one per process
     finally:
         _stuck.stop_stuck_task_watchdog()
+
+
+# ------------------------------------------------------------------ the exit watchdog (issue #25 item 6)
+HANG_AT_EXIT = """
+import atexit, threading
+from tfdist.strategies._stuck import arm_exit_watchdog
+
+def teardown_that_never_ends():
+    threading.Event().wait()  # (releases the GIL, as TensorFlow's C++ waits do)
+
+atexit.register(teardown_that_never_ends)
+atexit.register(arm_exit_watchdog)  # atexit runs hooks last-in first-out: armed first, as tfdist's hook does
+print("script done", flush=True)
+"""
+
+
+def test_a_hang_at_exit_ends_with_code_1_saying_where_the_main_thread_waits():
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TFDIST_EXIT_TIMEOUT_S="1")
+    proc = subprocess.run([sys.executable, "-c", HANG_AT_EXIT], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 1 and "script done" in proc.stdout
+    assert "did not exit within 1 s (TFDIST_EXIT_TIMEOUT_S): its main thread waits in" in proc.stderr
+    where = proc.stderr.split("its main thread waits in", 1)[1].splitlines()[0]
+    assert where.startswith(" threading.py:") and "in teardown_that_never_ends" in where  # innermost first
+    assert 'File "<string>", line 6 in teardown_that_never_ends' in proc.stderr  # every thread's stack follows
+    assert "Timeout (" not in proc.stderr  # the reporter thread ended it, not faulthandler's fallback
+
+
+def test_an_exit_that_finishes_is_not_held_and_zero_disables_the_bound():
+    import subprocess
+    import sys
+
+    script = "from tfdist.strategies._stuck import arm_exit_watchdog\nimport atexit\natexit.register(arm_exit_watchdog)\n"
+    for value in ("1", "0"):
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, TFDIST_EXIT_TIMEOUT_S=value))
+        assert proc.returncode == 0 and "did not exit" not in proc.stderr, proc.stderr[-2000:]

@@ -206,8 +206,21 @@ def stop_stuck_task_watchdog() -> None:
         _WATCHDOG = None
 
 
-def arm_exit_watchdog() -> None:
-    """Bounds interpreter shutdown of a task process: exit 1 (with every thread's stack) if it hangs.
+def innermost(frame, depth: int = 3) -> str:
+    """Where a thread waits: its ``depth`` innermost frames, ``file:line in function`` each, innermost first."""
+    parts = []
+    while frame is not None and len(parts) < depth:
+        parts.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}")
+        frame = frame.f_back
+    return " <- ".join(parts) or "no Python frame"
+
+
+#: Seconds after the exit bound at which ``faulthandler`` ends the process if the reporter thread could not run.
+EXIT_FALLBACK_S = 5.0
+
+
+def arm_exit_watchdog() -> threading.Timer | None:
+    """Bounds interpreter shutdown of a task process: exit 1 saying where it waits, with every thread's stack.
 
     A worker that stopped ``fit`` early (elastic jobs) sometimes never
     exited: a ``tf.data`` iterator's destructor waited for one of its threads
@@ -215,11 +228,35 @@ def arm_exit_watchdog() -> None:
     → ``LogicalThreadWrapper`` → ``WaitForNotification``). The cause, an
     iterator freed by the garbage collector on an inter-op thread, is removed
     (:mod:`tfdist.strategies._keras_iterators`); this bound stays for what
-    else may hang at exit. ``faulthandler``'s watchdog is a C thread that
-    needs no GIL, so it still fires then. ``TFDIST_EXIT_TIMEOUT_S`` (default
-    20; 0 disables) sets the bound.
+    else may hang at exit. ``TFDIST_EXIT_TIMEOUT_S`` (default 20; 0
+    disables) sets it. Past it a reporter thread writes what the main thread
+    waits in (its innermost Python frame and the Keras call, if any) and
+    every thread's stack to stderr, and exits 1. A hang that never lets
+    Python run (the GIL held, or the interpreter already finalizing) is ended
+    by ``faulthandler``'s C thread :data:`EXIT_FALLBACK_S` later, with the
+    stacks alone. Returns the reporter's timer (None when disabled).
     """
     stop_stuck_task_watchdog()  # faulthandler has one timer: from here on it bounds the exit
     seconds = float(os.environ.get(constants.ENV_EXIT_TIMEOUT_S, "20") or 0)
-    if seconds > 0:
-        faulthandler.dump_traceback_later(seconds, exit=True)
+    if seconds <= 0:
+        return None
+    main = threading.main_thread().ident
+    began = time.strftime("%H:%M:%S")
+
+    def report():
+        frame = sys._current_frames().get(main)
+        call = keras_call(frame) if frame is not None else None
+        _report_and_exit(
+            f"The script ended at {began} but this process did not exit within {seconds:g} s "
+            f"({constants.ENV_EXIT_TIMEOUT_S}): its main thread waits in {innermost(frame)}"
+            + (f" (inside keras {call}())" if call else "") + ". Every thread's stack follows; exiting with "
+            "code 1 (a worker that said Done counts as finished).")
+
+    faulthandler.dump_traceback_later(seconds + EXIT_FALLBACK_S, exit=True)
+    timer = threading.Timer(seconds, report)
+    timer.daemon = True
+    try:
+        timer.start()
+    except RuntimeError:  # no new thread at this point of the shutdown: faulthandler alone
+        return None
+    return timer
