@@ -14,6 +14,10 @@ Not reproduced on this machine (2 busy cores): 0 of 75 worker fits hung in
 build iterator was removed) — 3 or 4 workers, numpy arrays with validation or
 an endless tf.data pipeline, async and BSP, with and without
 ``TFDIST_FAST_START``. So this is a regression harness, not a failing repro.
+The cause was found later by reading TensorFlow and reproduced
+deterministically (``test_iterator_release.py``: a ``fit`` stopped early left
+its ``tf.data`` iterator to the garbage collector, which freed it on an
+inter-op thread inside a ``tf.py_function``); it is fixed there.
 Slow (a minute or more per job): RUN_SLOW=1.
 """
 
