@@ -69,7 +69,8 @@ WORKERS = os.path.join(ROOT, "benchmarks", "ps_workers")
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 SECTION = "parameter-server"  # the marked section of docs/benchmarks.md this script rewrites
 
-CONFIGS = ("plain", "tfdist_single", "tf_onedevice", "tfdist_1w1ps", "tfdist_2w2ps", "mwms", "tf_pss", "mwms_split", "tfdist_2w2ps_k4")
+CONFIGS = ("plain", "tfdist_single", "tf_onedevice", "tfdist_1w1ps", "tfdist_2w2ps", "mwms", "tf_pss", "mwms_split",
+           "tfdist_2w2ps_k4", "tfdist_2w2ps_auto")
 #: strategy.exchange_every of the tfdist_2w2ps_k4 row.
 EXCHANGE_EVERY = 4
 CONFIG_LABELS = {
@@ -82,6 +83,7 @@ CONFIG_LABELS = {
     "tf_pss": "TF ParameterServerStrategy, 2 workers + 1 PS + coordinator (tf-keras)",
     "mwms_split": "reference: TF MWMS, 2 workers, with the intra-op thread split tfdist's local launch applies",
     "tfdist_2w2ps_k4": "tfdist PS (async, `exchange_every: 4`), 2 workers + 2 PS",
+    "tfdist_2w2ps_auto": "tfdist PS (async, `exchange_every: auto`), 2 workers + 2 PS",
 }
 #: (warm-up steps, timed steps per worker) per model.
 STEPS_FULL = {"mlp": (50, 600), "cnn": (20, 100)}
@@ -297,6 +299,7 @@ def run_tfdist(model, n, warmup, steps, log_dir, timeout, placement, partition_t
     agg = _aggregate(per)
     agg["params"] = per[0]["params"]
     agg["sync_ms_per_step"] = [round(w["sync_ms_per_step"], 2) for w in per]
+    agg["steps_per_exchange"] = [w.get("steps_per_exchange") for w in per]
     agg["placement"] = {"policy": placement, "partition_threshold_bytes": partition_threshold_bytes,
                         "shards_per_ps": [sum(1 for _, ps, _ in per[0]["placement"] if ps == i) for i in range(n)]}
     return agg
@@ -398,6 +401,9 @@ def _run_config(config, model, warmup, steps, children, log_dir, placement, thre
         elif config == "tfdist_2w2ps_k4":
             row = run_tfdist(model, 2, warmup, steps, log_dir, timeout, placement, threshold, EXCHANGE_EVERY)
             row["exchange_every"] = EXCHANGE_EVERY
+        elif config == "tfdist_2w2ps_auto":
+            row = run_tfdist(model, 2, warmup, steps, log_dir, timeout, placement, threshold, "auto")
+            row["exchange_every"] = "auto"
         elif config == "mwms_split":
             row = run_mwms(model, warmup, steps, children, log_dir, timeout, threads=split_threads(2))
             row["intra_op_threads"] = split_threads(2)
@@ -492,6 +498,12 @@ def _ratios(rows: dict) -> dict:
         ratios["tfdist_2w2ps_k4_vs_best_baseline_per_pass"] = per_pass("tfdist_2w2ps_k4", best)
         if eps("mwms_split"):
             ratios["tfdist_2w2ps_k4_vs_mwms_split"] = eps("tfdist_2w2ps_k4") / eps("mwms_split")
+    if eps("tfdist_2w2ps_auto") and baselines:
+        best = max(baselines, key=baselines.get)
+        ratios["tfdist_2w2ps_auto_vs_best_baseline"] = eps("tfdist_2w2ps_auto") / baselines[best]
+        ratios["tfdist_2w2ps_auto_vs_best_baseline_per_pass"] = per_pass("tfdist_2w2ps_auto", best)
+    if eps("tfdist_2w2ps_auto") and eps("tfdist_2w2ps"):
+        ratios["tfdist_2w2ps_auto_vs_every_step_per_pass"] = per_pass("tfdist_2w2ps_auto", "tfdist_2w2ps")
     if eps("tfdist_2w2ps") and eps("mwms_split"):  # a reference, not a baseline users would run
         ratios["tfdist_2w2ps_vs_mwms_split"] = eps("tfdist_2w2ps") / eps("mwms_split")
         ratios["tfdist_2w2ps_vs_mwms_split_per_pass"] = per_pass("tfdist_2w2ps", "mwms_split")

@@ -307,7 +307,15 @@ class StrategyConfig:
             Worth it where the exchange costs about as much as a step (large
             models, few cores, slow links). Pending updates are sent before
             every evaluation/prediction pull and when the worker stops.
-            Defaults to ``1``.
+            ``"auto"``: each worker chooses ``k`` as it trains, from the CPU
+            its exchanges and its steps take: the fewest steps per exchange
+            that keep the worker's exchange CPU within a tenth of its steps'
+            (:class:`~tfdist.strategies._schedules.Adaptive`), from 1 to
+            ``exchange_every_max``. Opt-in: its time-to-accuracy is not
+            measured against every-step exchange yet. Defaults to ``1``.
+        exchange_every_max: The most steps per exchange ``exchange_every:
+            auto`` may choose: the bound on how many steps a worker's update
+            may wait before it reaches the PS. Defaults to ``8``.
         lone_worker_exchange_s: Async (ASP) only, a job with exactly one
             training worker (not elastic): nobody else writes to the PS, so
             the worker's steps run without any exchange (Keras's own step and
@@ -328,7 +336,8 @@ class StrategyConfig:
     window: int | None = None
     delta: float | None = None
     overlap_exchange: bool = True
-    exchange_every: int = 1
+    exchange_every: int | str = 1
+    exchange_every_max: int = 8
     lone_worker_exchange_s: float = 0.1
 
     def __post_init__(self):
@@ -341,9 +350,13 @@ class StrategyConfig:
             raise _fail("strategy.consistency", self.consistency, f"Use one of {list(MODES)}.")
         mode = MODES[self.consistency]
         k = self.exchange_every
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise _fail("strategy.exchange_every", k, "Give an integer >= 1 (steps per exchange with the PS).")
-        if k > 1 and not mode.local_steps:
+        if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise _fail("strategy.exchange_every", k,
+                        'Give an integer >= 1 (steps per exchange with the PS), or "auto".')
+        m = self.exchange_every_max
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 1000:
+            raise _fail("strategy.exchange_every_max", m, "Give an integer from 1 to 1000 (steps per exchange).")
+        if (k == "auto" or k > 1) and not mode.local_steps:
             local = [name for name, m in MODES.items() if m.local_steps]
             raise _fail("strategy.exchange_every", k,
                         f"Only consistency {local} can exchange less often than every step; {self.consistency!r} "

@@ -170,6 +170,7 @@ def main() -> int:
         result["sync_stats"] = stats
         result["sync_ms_per_step"] = 1e3 * stats["sync_seconds"] / max(stats["syncs"], 1)
         result["placement"] = [[k, ps, rows] for k, ps, rows in strategy.placement_table()]
+        result["steps_per_exchange"] = strategy._runtime.exchange_every  # exchange_every: auto's choice at the end
         out = os.path.join(args.out, f"worker-{worker_id}.json")
     elif args.mode in ("mwms", "allreduce"):
         out = os.path.join(args.out, f"worker-{worker_id}.json")

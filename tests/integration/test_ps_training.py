@@ -65,18 +65,24 @@ def test_async_two_workers_two_ps_reach_90_percent_on_digits(tmp_path, scripts_d
     assert acc >= 0.90
 
 
-@pytest.mark.parametrize("overlap, every", [(1, 1), (0, 1), (1, 3)])
+@pytest.mark.parametrize("overlap, every", [(1, 1), (0, 1), (1, 3), (1, "auto")])
 def test_async_pushes_every_update_exactly_once(tmp_path, scripts_dir, overlap, every):
     """SGD with a gradient of exactly 1: the PS ends at -lr x steps x workers, bit for bit.
 
     With ``exchange_every=3`` the 40 steps travel as 13 sums of 3 plus the
     last step, sent by the final pull; the PS still counts 40 batches each.
+    With ``"auto"`` the steps per exchange change as the worker measures
+    (1 to 8); the sums still carry every step once.
     """
     steps = 40
     res = _run(tmp_path, os.path.join(scripts_dir, "exact_sgd_worker.py"),
                ["--steps", str(steps), "--overlap", str(overlap), "--exchange-every", str(every)], workers=2, ps=2)
     for r in res:
-        assert r["sync_stats"]["syncs"] == -(-steps // every)
+        if every == "auto":
+            assert -(-steps // 8) <= r["sync_stats"]["syncs"] <= steps
+            assert 1 <= r["steps_per_exchange_at_the_end"] <= 8
+        else:
+            assert r["sync_stats"]["syncs"] == -(-steps // every)
         assert r["sync_stats"]["bytes_pulled"] > 0  # the other worker's updates did arrive mid-training
         assert r["progress"] == [steps * 2, steps * 2]  # every PS task counted every batch of both workers
         for w in r["weights"]:

@@ -81,6 +81,11 @@ def test_cluster_spec_round_trip():
         ({"cluster": {"ps": 1, "worker": 2}, "strategy": {"consistency": "bsp", "exchange_every": 4}},
          "strategy.exchange_every"),
         ({"cluster": {"ps": 1, "worker": 1}, "launch": {"threads_per_task": "all"}}, "launch.threads_per_task"),
+        ({"cluster": {"ps": 1, "worker": 1}, "strategy": {"exchange_every": "often"}}, "strategy.exchange_every"),
+        ({"cluster": {"ps": 1, "worker": 2}, "strategy": {"consistency": "bsp", "exchange_every": "auto"}},
+         "strategy.exchange_every"),
+        ({"cluster": {"ps": 1, "worker": 1}, "strategy": {"exchange_every_max": 0}}, "strategy.exchange_every_max"),
+        ({"cluster": {"ps": 1, "worker": 1}, "strategy": {"exchange_every_max": True}}, "strategy.exchange_every_max"),
     ],
 )
 def test_bad_fields_are_named(data, field):

@@ -15,7 +15,8 @@ from tfdist.ps.placement import GreedyPlacement, RoundRobinPlacement, VariableSp
 from tfdist.ps.protocol import RequestError
 from tfdist.ps.server import ParameterService
 from tfdist.ps.store import ParameterStore
-from tfdist.strategies._schedules import Blocking, EveryK, LocalOnly, LoneWorker, Overlapped, choose_schedule
+from tfdist.strategies._schedules import (Adaptive, Blocking, EveryK, LocalOnly, LoneWorker, Overlapped, choose_schedule,
+                                         steps_per_exchange)
 
 BASE = [VariableSpec("0000/a", "float32", (4, 2)), VariableSpec("0001/b", "float32", (3,))]
 NEW = [VariableSpec("0002/head/kernel", "float32", (2, 2)), VariableSpec("0003/head/bias", "float32", (2,))]
@@ -118,6 +119,11 @@ def _config(**strategy):
     ({"policy": "async"}, {"workers": 1}, False, "lone-worker"),
     ({"policy": "async"}, {"workers": 1, "lone_worker_exchange_s": 0}, False, "overlapped"),
     ({"policy": "ssp", "staleness": 2}, {"workers": 1}, False, "blocking"),
+    ({"policy": "async"}, {"exchange_every": "auto"}, False, "every-auto (1..8, overlapped)"),
+    ({"policy": "async"}, {"exchange_every": "auto", "exchange_every_max": 3, "overlap_exchange": False}, False,
+     "every-auto (1..3, blocking)"),
+    ({"policy": "async"}, {"exchange_every": "auto"}, True, "local-only"),  # one process: no exchange at all
+    ({"policy": "async"}, {"exchange_every": "auto", "workers": 1}, False, "lone-worker"),
 ])
 def test_the_update_path_chooses_its_schedule_once_from_the_mode_and_the_config(spec, config, single, expected):
     schedule = choose_schedule(_config(**config), policy_from_spec(spec, 2), worker_id=0, single_process=single)
@@ -130,6 +136,31 @@ def test_a_schedule_holds_the_steps_its_k_says():
     every3 = EveryK(Blocking(), 3)
     assert [every3.holds(n) for n in range(3)] == [True, True, False]
     assert not Blocking().holds(0) and not Overlapped().holds(0)
+
+
+def test_auto_takes_the_fewest_steps_that_keep_the_exchange_within_its_share_of_the_steps_cpu():
+    assert steps_per_exchange(0.004, 0.010, 0.1, 8) == 4  # 4 ms of exchange over 4 steps of 10 ms: 10 %
+    assert steps_per_exchange(0.0041, 0.010, 0.1, 8) == 5
+    assert steps_per_exchange(0.004, 0.100, 0.1, 8) == 1
+    assert steps_per_exchange(1.0, 0.001, 0.1, 8) == 8  # bounded by exchange_every_max
+    assert steps_per_exchange(0.004, 0.0, 0.1, 8) == 8  # no step CPU measured: the bound
+
+
+def test_auto_follows_the_measured_cpu_and_holds_steps_by_it():
+    """Counters as a worker reads them at each exchange: process CPU and the session's exchange CPU."""
+    auto = Adaptive(Overlapped(), most=8, smoothing=1.0)  # no smoothing: each window decides
+    assert auto.every == 1 and auto.overlapped and auto.observe(1.0, 0.5, 1) == 1  # the first read starts a window
+    # 1 step: 14 ms of process CPU, of which 4 ms the exchange -> a step 10 ms, the exchange 40 % of it: 4 steps
+    assert auto.observe(1.014, 0.504, 1) == 4
+    assert [auto.holds(n) for n in range(4)] == [True, True, True, False]
+    # 4 steps of 30 ms and an exchange of 4 ms: the exchange is 13 % of one step, within 10 % of two
+    assert auto.observe(1.014 + 0.124, 0.508, 4) == 2
+    assert (auto.exchange_cpu_s, round(auto.step_cpu_s, 6)) == (pytest.approx(0.004), 0.03)
+    smooth = Adaptive(Blocking(), most=8, smoothing=0.5)
+    smooth.observe(0.0, 0.0, 1)
+    smooth.observe(0.014, 0.004, 1)  # 4 / 10 ms
+    assert smooth.observe(0.014 + 0.104, 0.008, 1) == 1  # smoothed: a step (10 + 100) / 2 = 55 ms, exchange 4 ms
+    assert smooth.step_cpu_s == pytest.approx(0.055)
 
 
 # ------------------------------------------------------------------ the worker's registry

@@ -87,6 +87,8 @@ class PSClient:
         self._stubs = [{m: ch.unary_unary(f"/{SERVICE}/{m}") for m in _METHODS} for ch in self._channels]
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        #: CPU seconds the client's own threads spent in calls (the calls to every PS task but the first).
+        self.pool_cpu_seconds = 0.0
 
     @property
     def num_ps(self) -> int:
@@ -177,7 +179,7 @@ class PSClient:
             try:
                 pool = self._executor()
                 for ps, (meta, tensors) in items[1:]:
-                    pending.append((ps, pool.submit(self._call_one, ps, method, meta, tensors, timeout)))
+                    pending.append((ps, pool.submit(self._call_on_pool, ps, method, meta, tensors, timeout)))
             except RuntimeError as e:  # "cannot schedule new futures after interpreter shutdown"
                 logger.debug("%s: no call threads (%s); calling the other PS tasks one by one", method, e)
             inline = [items[0], *items[1 + len(pending):]]
@@ -195,6 +197,16 @@ class PSClient:
         if first_error is not None:
             raise first_error
         return results
+
+    def _call_on_pool(self, ps: int, method: str, meta, tensors, timeout: float) -> Response | Exception:
+        """:meth:`_call_one` on one of the client's threads, its CPU counted in :attr:`pool_cpu_seconds`."""
+        start = time.thread_time()
+        try:
+            return self._call_one(ps, method, meta, tensors, timeout)
+        finally:
+            spent = time.thread_time() - start
+            with self._pool_lock:
+                self.pool_cpu_seconds += spent
 
     def _call_one(self, ps: int, method: str, meta, tensors, timeout: float) -> Response | Exception:
         """One blocking call; returns (not raises) its translated error."""

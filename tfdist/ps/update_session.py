@@ -52,7 +52,8 @@ class UpdateSession(WorkerSession):
         self.push_pull = math.isinf(staleness)
         self._exchange: Future | None = None
         self._exchange_thread: ThreadPoolExecutor | None = None
-        self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0, "overlap_wait_seconds": 0.0})
+        self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0, "overlap_wait_seconds": 0.0,
+                           "exchange_cpu_seconds": 0.0})
         #: ``(clock started, min clock the cache is guaranteed to include)`` per step, for audits:
         #: the last :data:`AUDIT_STEPS` steps (bounded, so a long job does not grow it forever).
         self.starts: collections.deque[tuple[int, int]] = collections.deque(maxlen=AUDIT_STEPS)
@@ -97,7 +98,11 @@ class UpdateSession(WorkerSession):
             ) -> dict[str, np.ndarray] | None:
         """Pushes the step's update (``steps`` local steps summed); returns fresh values when it also pulled."""
         self.flush()  # an overlapped exchange in flight: its fresh values come back with this pull
-        values = self._push(current, loss, pull=self.refresh_every_step, steps=steps)
+        cpu, pool_cpu = time.thread_time(), self.client.pool_cpu_seconds
+        try:
+            values = self._push(current, loss, pull=self.refresh_every_step, steps=steps)
+        finally:
+            self.stats["exchange_cpu_seconds"] += time.thread_time() - cpu + self.client.pool_cpu_seconds - pool_cpu
         if values is not None:
             self.state.cache_min_clock = self.state.min_clock
             self.stats["refreshes"] += 1
@@ -126,7 +131,7 @@ class UpdateSession(WorkerSession):
             raise PSRejectedError("end_overlapped() is for ASP (refresh_every_step); SSP/DTSSP use end().")
         if not self._snapshot:
             raise PSRejectedError("push before initialize(): the worker has no snapshot to diff against.")
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         corrections = self._finish_exchange()
         base = self._base if self._base is not None else self._snapshot
         deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
@@ -144,6 +149,7 @@ class UpdateSession(WorkerSession):
                 self._exchange.set_exception(e)
         self.stats["syncs"] += 1
         self.stats["sync_seconds"] += time.perf_counter() - start
+        self.stats["exchange_cpu_seconds"] += time.thread_time() - cpu
         return corrections
 
     def flush(self) -> dict[str, np.ndarray] | None:
@@ -166,7 +172,18 @@ class UpdateSession(WorkerSession):
         return result.corrections
 
     def _exchange_in_background(self, deltas, loss, clock, snapshot, version, steps: int = 1) -> _Exchange:
-        """One PushPull per PS task; computes the new snapshot and the corrections (no session state touched)."""
+        """One PushPull per PS task; computes the new snapshot and the corrections (no session state touched).
+
+        Its thread's CPU (and the client threads' calls) count in ``stats["exchange_cpu_seconds"]``.
+        """
+        cpu, pool_cpu = time.thread_time(), self.client.pool_cpu_seconds
+        try:
+            return self._exchange_once(deltas, loss, clock, snapshot, version, steps)
+        finally:
+            self.stats["exchange_cpu_seconds"] += (time.thread_time() - cpu
+                                                   + self.client.pool_cpu_seconds - pool_cpu)
+
+    def _exchange_once(self, deltas, loss, clock, snapshot, version, steps: int) -> _Exchange:
         # What every PS task holds after this update if no other update landed:
         # the same float additions the PS makes.
         expected = {k: np.add(snapshot[k], d) for k, d in deltas.items()}

@@ -15,6 +15,9 @@ schedule           when it is chosen, what a step does
                    computes; its corrections are added at the next exchange.
 ``EveryK``         ASP with ``exchange_every: k``: k − 1 steps stay local, the k-th sends their
                    sum through the inner schedule (blocking or overlapped).
+``Adaptive``       ASP with ``exchange_every: auto``: as ``EveryK``, with k chosen from the
+                   measured CPU of the worker's exchanges and steps (1 to
+                   ``exchange_every_max``).
 ``LocalOnly``      ASP in one process with its in-process PS (no cluster, no checkpoints):
                    Keras's own step plus a step counter; the steps reach the PS before
                    anything reads it (``flush_local_steps``). Falls back to every-100.
@@ -34,6 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +52,9 @@ if TYPE_CHECKING:
 UpdatePathRuntime = Any
 
 __all__ = [
+    "AUTO_EXCHANGE_CPU_SHARE",
     "SINGLE_PROCESS_EXCHANGE_EVERY",
+    "Adaptive",
     "Blocking",
     "EveryK",
     "LocalOnly",
@@ -56,6 +62,7 @@ __all__ = [
     "Overlapped",
     "Schedule",
     "choose_schedule",
+    "steps_per_exchange",
 ]
 
 logger = logging.getLogger(__name__)
@@ -119,6 +126,69 @@ class EveryK(Schedule):
 
     def exchange(self, rt, values, loss, steps) -> None:
         self.inner.exchange(rt, values, loss, steps)
+
+
+#: ``exchange_every: auto``: the share of its steps' CPU a worker's exchanges may take (the PS's work is not
+#: counted, nor gRPC's C threads: the worker sees only its own Python threads' CPU in the exchange).
+AUTO_EXCHANGE_CPU_SHARE = 0.1
+
+
+def steps_per_exchange(exchange_cpu_s: float, step_cpu_s: float, share: float, most: int) -> int:
+    """The fewest steps per exchange that keep one exchange's CPU within ``share`` of those steps' CPU.
+
+    >>> steps_per_exchange(0.004, 0.010, 0.1, 8)   # an exchange costs 40 % of a step: 4 steps per exchange
+    4
+    >>> steps_per_exchange(0.004, 0.100, 0.1, 8)   # a step 25x the exchange: every step
+    1
+    """
+    if step_cpu_s <= 0:
+        return most
+    return max(1, min(most, math.ceil(exchange_cpu_s / (share * step_cpu_s) - 1e-9)))
+
+
+class Adaptive(Schedule):
+    """ASP with ``exchange_every: auto``: ``every`` follows the measured CPU of exchanges and steps.
+
+    At each exchange it reads the process's CPU time and the CPU the
+    session counted in its exchanges (``stats["exchange_cpu_seconds"]``: the
+    exchange thread's and the client threads'); since the previous exchange,
+    their difference over the steps sent is one step's CPU. Both are
+    smoothed (exponentially, ``smoothing``) and ``every`` becomes
+    :func:`steps_per_exchange` of them, from 1 to ``most``. It starts at 1.
+    """
+
+    def __init__(self, inner: Schedule, most: int, share: float = AUTO_EXCHANGE_CPU_SHARE,
+                 smoothing: float = 0.3, process_time=time.process_time):
+        self.inner, self.most, self.share, self.smoothing = inner, int(most), float(share), float(smoothing)
+        self.every = 1
+        self.overlapped = inner.overlapped
+        self.name = f"every-auto (1..{self.most}, {inner.name})"
+        self._process_time = process_time
+        self._last: tuple[float, float] | None = None  # (process CPU, exchange CPU) at the previous exchange
+        #: Smoothed CPU seconds of one exchange and of one step (None before the second exchange).
+        self.exchange_cpu_s: float | None = None
+        self.step_cpu_s: float | None = None
+
+    def exchange(self, rt, values, loss, steps) -> None:
+        self.inner.exchange(rt, values, loss, steps)
+        before = self.every
+        self.observe(self._process_time(), float(rt.session.stats.get("exchange_cpu_seconds", 0.0)), steps)
+        if self.every != before:
+            logger.info("worker %d: exchange_every auto: %d step(s) per exchange (an exchange ~%.1f ms of CPU, a "
+                        "step ~%.1f ms)", rt.worker_id, self.every, 1e3 * self.exchange_cpu_s, 1e3 * self.step_cpu_s)
+
+    def observe(self, process_cpu_s: float, exchange_cpu_s: float, steps: int) -> int:
+        """Takes the counters read at an exchange of ``steps`` steps; returns the new ``every``."""
+        last, self._last = self._last, (process_cpu_s, exchange_cpu_s)
+        if last is None or steps < 1:
+            return self.every
+        exchange = max(exchange_cpu_s - last[1], 0.0)
+        step = max(process_cpu_s - last[0] - exchange, 0.0) / steps
+        a = self.smoothing
+        self.exchange_cpu_s = exchange if self.exchange_cpu_s is None else (1 - a) * self.exchange_cpu_s + a * exchange
+        self.step_cpu_s = step if self.step_cpu_s is None else (1 - a) * self.step_cpu_s + a * step
+        self.every = steps_per_exchange(self.exchange_cpu_s, self.step_cpu_s, self.share, self.most)
+        return self.every
 
 
 class LocalOnly(Schedule):
@@ -240,7 +310,8 @@ def choose_schedule(config: JobConfig, policy: ConsistencyPolicy, worker_id: int
     """The schedule of an update-path worker (see the module's table); ``single_process``: in-process PS."""
     asp = policy.refresh_every_step and policy.staleness == math.inf
     per_step: Schedule = Overlapped() if asp and config.strategy.overlap_exchange else Blocking()
-    every = int(config.strategy.exchange_every) if asp else 1
+    auto = asp and config.strategy.exchange_every == "auto"
+    every = int(config.strategy.exchange_every) if asp and not auto else 1
     if every > 1:
         return EveryK(per_step, every)
     if not asp:
@@ -252,4 +323,4 @@ def choose_schedule(config: JobConfig, policy: ConsistencyPolicy, worker_id: int
     if (config.strategy.lone_worker_exchange_s > 0 and worker_id == 0 and config.cluster.num_workers == 1
             and not config.elastic.enabled):
         return LoneWorker(per_step, config.strategy.lone_worker_exchange_s)
-    return per_step
+    return Adaptive(per_step, config.strategy.exchange_every_max) if auto else per_step

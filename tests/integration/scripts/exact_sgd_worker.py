@@ -10,7 +10,7 @@ writes what it got.
 With ``--exchange-every K`` the worker sends every K-th step (the K local
 updates summed); the steps a run ends with are sent by the final pull.
 
-Usage: exact_sgd_worker.py --out DIR --steps N [--overlap 0|1] [--exchange-every K]
+Usage: exact_sgd_worker.py --out DIR --steps N [--overlap 0|1] [--exchange-every K|auto]
 """
 
 import argparse
@@ -43,7 +43,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--overlap", type=int, default=1)
-    p.add_argument("--exchange-every", type=int, default=1)
+    p.add_argument("--exchange-every", type=lambda v: v if v == "auto" else int(v), default=1)
     args = p.parse_args()
 
     strategy = tfdist.ParameterServerStrategy(overlap_exchange=bool(args.overlap),
@@ -60,7 +60,8 @@ def main():
     strategy.pull()
     result = {"weights": [w.tolist() for w in model.get_weights()], "sync_stats": strategy.sync_stats,
               "progress": [s["progress"] for s in strategy.ps_status()],
-              "expected": -LR * args.steps * strategy.num_workers}
+              "expected": -LR * args.steps * strategy.num_workers,
+              "steps_per_exchange_at_the_end": strategy._runtime.exchange_every}
     with open(os.path.join(args.out, f"worker-{strategy.worker_id}.json"), "w") as f:  # noqa: SIM115
         json.dump(result, f)
 
