@@ -255,6 +255,7 @@ class DynamicEmbedding(keras.layers.Layer):
         self._runtime = None
         #: Whether the layer was called on strings (hashed first; a serving model hashes them the same way).
         self.string_inputs = False
+        self._said_rows_not_saved = False
 
     def build(self, input_shape=None):
         runtime = current_ps_runtime()
@@ -291,10 +292,11 @@ class DynamicEmbedding(keras.layers.Layer):
     def save_own_variables(self, store):
         """Nothing: the rows are in the PS checkpoints and in exports (``tfdist.checkpoint``), not in model files.
 
-        Saving a trained layer says so (a warning): a model loaded from the
-        file reads ``default_value`` for every id.
+        Saving a trained layer says so (a warning, once per layer): a model
+        loaded from the file reads ``default_value`` for every id.
         """
-        if self._table_key is not None:
+        if self._table_key is not None and not self._said_rows_not_saved:  # once per layer (callbacks save often)
+            self._said_rows_not_saved = True
             logger.warning("model.save/save_weights holds no rows of DynamicEmbedding %r: they live on the parameter "
                            "servers (and in their checkpoints). A model loaded from this file reads default_value=%s "
                            "for every id. To serve the table, export it (tfdist.checkpoint.export_table) and build a "

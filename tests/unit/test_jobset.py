@@ -136,7 +136,7 @@ def test_success_is_every_training_task_and_a_config_error_fails_the_jobset_with
         rules = j["template"]["spec"]["podFailurePolicy"]["rules"]
         if j["name"] == "chief":  # the launcher's rule: a chief that ended by itself with an error (1-127, 78 too)
             assert rules == k8s.chief_pod_failure_policy("tfdist")["rules"]
-            assert EXIT_CONFIG_ERROR in rules[0]["onExitCodes"]["values"]
+            assert EXIT_CONFIG_ERROR in rules[1]["onExitCodes"]["values"]
         else:
             assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "tfdist", "operator": "In",
                                                                      "values": [EXIT_CONFIG_ERROR]}}

@@ -635,6 +635,9 @@ def test_every_plain_job_spec_validates_against_the_kubernetes_job_schema(data):
     for doc in k8s.kubernetes_jobs(JobConfig.from_dict(data), IMAGE, "train.py"):
         if doc["kind"] == "Job":
             validator.validate(doc["spec"])
+            if "podFailurePolicy" in doc["spec"]:  # what the API server requires beside it (not in the schema)
+                assert doc["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+                assert doc["spec"]["podReplacementPolicy"] == "Failed"
     with pytest.raises(jsonschema.ValidationError):  # the schema is closed: a misspelt field fails
         validator.validate({"template": {}, "podFailurPolicy": {}})
 
@@ -644,7 +647,7 @@ def test_the_chief_job_fails_on_the_exit_codes_the_launcher_does_not_restart():
     from tfdist.cluster.failure import decide_chief_restart
 
     cfg = JobConfig.from_dict(FULL)
-    [rule, ignore] = k8s.chief_pod_failure_policy("tfdist")["rules"]
+    [ignore, rule] = k8s.chief_pod_failure_policy("tfdist")["rules"]  # (rules are read in order)
     assert rule["action"] == "FailJob" and rule["onExitCodes"]["operator"] == "In"
     values = rule["onExitCodes"]["values"]
     assert values == sorted(set(values)) and 0 not in values and len(values) <= 255  # what the API server accepts

@@ -114,25 +114,32 @@ def test_the_process_watchdog_follows_the_environment(monkeypatch):
 
 # ------------------------------------------------------------------ the exit watchdog (issue #25 item 6)
 HANG_AT_EXIT = """
-import atexit, threading
-from tfdist.strategies._stuck import arm_exit_watchdog
+import atexit, sys, threading
+from tfdist.strategies._stuck import arm_exit_watchdog, exit_watchdog_work_done
 
 def teardown_that_never_ends():
     threading.Event().wait()  # (releases the GIL, as TensorFlow's C++ waits do)
 
 atexit.register(teardown_that_never_ends)
+if sys.argv[1] == "done":
+    atexit.register(exit_watchdog_work_done)  # as tfdist's hook does once Done reached the parameter servers
 atexit.register(arm_exit_watchdog)  # atexit runs hooks last-in first-out: armed first, as tfdist's hook does
 print("script done", flush=True)
 """
 
 
-def test_a_hang_at_exit_ends_with_code_1_saying_where_the_main_thread_waits():
+@pytest.mark.parametrize("work, code", [("not-done", 1), ("done", 0)])
+def test_a_hang_at_exit_is_ended_saying_where_the_main_thread_waits(work, code):
+    """Exit 1, or 0 when the task's work was done (the launcher counts it finished; a chief's Job completes)."""
     import subprocess
     import sys
 
     env = dict(os.environ, TFDIST_EXIT_TIMEOUT_S="1")
-    proc = subprocess.run([sys.executable, "-c", HANG_AT_EXIT], capture_output=True, text=True, timeout=60, env=env)
-    assert proc.returncode == 1 and "script done" in proc.stdout
+    proc = subprocess.run([sys.executable, "-c", HANG_AT_EXIT, work], capture_output=True, text=True, timeout=60,
+                          env=env)
+    assert proc.returncode == code and "script done" in proc.stdout
+    assert f"exiting with code {code} (" + ("its work was done" if code == 0 else "the script ended with an error") \
+        in proc.stderr
     assert "did not exit within 1 s (TFDIST_EXIT_TIMEOUT_S): its main thread waits in" in proc.stderr
     where = proc.stderr.split("its main thread waits in", 1)[1].splitlines()[0]
     assert where.startswith(" threading.py:") and "in teardown_that_never_ends" in where  # innermost first

@@ -129,8 +129,9 @@ ENDED_BY_ITSELF_EXIT_CODES = range(1, 128)
 def decide_chief_restart(config: JobConfig, exit_code: int, said_done: bool, restarts: int) -> RestartDecision:
     """Decides whether the launcher starts a chief that exited non-zero again (``launch.restart_chief``).
 
-    The rule (close to Kubeflow's ``restartPolicy: ExitCode``, which also
-    counts SIGSEGV and SIGABRT as permanent) is: a chief that was *killed* (a signal: SIGKILL, the OOM killer, a crash such as
+    The rule (close to Kubeflow's ``restartPolicy: ExitCode``, which restarts
+    only exit codes 130, 137, 138 and 143 and counts every other one, e.g.
+    SIGSEGV's 139, as permanent) is: a chief that was *killed* (a signal: SIGKILL, the OOM killer, a crash such as
     SIGSEGV or SIGABRT; a negative exit code, or 128 + the signal from a shell)
     is started again; its script runs from the start and joins the running
     job. A chief that *ended by itself* with an error (a Python exception

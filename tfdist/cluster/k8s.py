@@ -372,13 +372,16 @@ def chief_pod_failure_policy(container: str) -> dict[str, Any]:
     fails its Job at once: its script would run into the same error again.
     One killed by a signal (128 + N: SIGKILL, the OOM killer, SIGTERM, a
     crash) is replaced, up to the Job's ``backoffLimit``; one evicted or
-    preempted (``DisruptionTarget``) is replaced without counting.
+    preempted (``DisruptionTarget``, checked first) is replaced without
+    counting. A chief that finished and hung on its way out ends with exit 0
+    (the exit watchdog, :func:`tfdist.strategies._stuck.arm_exit_watchdog`),
+    so its Job completes, as the launcher counts it finished.
     """
     return {"rules": [
+        # first: a pod evicted or preempted is replaced whatever its code (status: required by JobSet's CRD v0.9.1)
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In",
                                               "values": list(ENDED_BY_ITSELF_EXIT_CODES)}},
-        # status is required by the Job schema of JobSet's CRD (v0.9.1)
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
     ]}
 
 
@@ -581,8 +584,10 @@ def kubeflow_tfjob(
     ``ExitCode`` (the operator's nearest to the local launcher's rule: a
     chief killed by SIGINT, SIGKILL, SIGUSR1 or SIGTERM restarts and rejoins
     the running job, ``launch.restart_chief``; one that exits 1-127 fails
-    the TFJob; unlike the launcher, the operator also counts other signals,
-    such as SIGSEGV and SIGABRT, as permanent), or ``Never`` with
+    the TFJob; unlike the launcher, the operator counts every other code,
+    e.g. SIGSEGV's 139 and SIGABRT's 134, as permanent, and its
+    ``backoffLimit`` does not count ``ExitCode`` restarts: set
+    ``launch.job_timeout_s`` to bound a chief killed again and again), or ``Never`` with
     ``launch.restart_chief: false`` (its failure fails the TFJob, and
     ``cleanPodPolicy: Running`` removes the other pods). Workers share one pod template, so
     without a chief worker 0 restarts like the others: give the config a

@@ -229,20 +229,23 @@ class WorkerSession(SessionJoins, SessionRecovery, SessionTables):
             The values this worker must load into its variables, or ``None``
             when its own values became the PS's (the chief on a fresh job).
         """
-        deadline = time.monotonic() + self.startup_timeout_s
+        deadline, delay = time.monotonic() + self.startup_timeout_s, 0.2
         while True:
             try:
-                return self._initialize_once(local_values)
+                return self._initialize_once(local_values, deadline)
             except PSUnavailableError as e:
-                if time.monotonic() >= deadline:
+                if time.monotonic() + delay >= deadline:
                     raise
                 logger.warning("worker %d: a parameter server was lost while this worker started (%s); waiting for "
                                "it to answer again, then starting over", self.worker_id, e)
+                time.sleep(delay)  # (a call that times out every time is not sent again at once)
+                delay = min(2 * delay, 2.0)
                 self._wait_all_answer(deadline, e, "startup_timeout_s")
                 self.state.forget_incarnations()
 
-    def _initialize_once(self, local_values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        self.client.wait_ready(self.startup_timeout_s)
+    def _initialize_once(self, local_values: Mapping[str, np.ndarray], deadline: float
+                         ) -> dict[str, np.ndarray] | None:
+        self.client.wait_ready(max(deadline - time.monotonic(), 0.0))
         if self.is_chief:
             parts = self._split({k: np.asarray(v) for k, v in local_values.items()})
             requests = {ps: self._init_request(ps, parts[ps]) for ps in range(self.plan.num_ps)}
@@ -262,7 +265,6 @@ class WorkerSession(SessionJoins, SessionRecovery, SessionTables):
                 "worker %d: parameter servers already held values (job restarted?); using theirs", self.worker_id
             )
         else:
-            deadline = time.monotonic() + self.startup_timeout_s
             for ps in range(self.plan.num_ps):
                 while True:
                     remaining = deadline - time.monotonic()

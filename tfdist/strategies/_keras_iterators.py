@@ -26,10 +26,13 @@ own iterators.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import weakref
 
 __all__ = ["install", "release"]
+
+logger = logging.getLogger(__name__)
 
 _state = threading.local()  # .calls: one list of weak references per fit/evaluate/predict running on this thread
 _installed = False
@@ -54,8 +57,12 @@ def _releasing(method):
         finally:
             for ref in calls.pop():
                 epoch_iterator = ref()
-                if epoch_iterator is not None:
+                if epoch_iterator is None:
+                    continue
+                try:
                     release(epoch_iterator)
+                except Exception as e:  # never in place of the call's own result or error
+                    logger.debug("could not release a Keras epoch iterator: %r", e)
 
     call._tfdist_releases_iterators = True
     return call
@@ -66,9 +73,15 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from keras.src.backend.tensorflow import trainer
+    try:
+        from keras.src.backend.tensorflow import trainer
 
-    iterator_class, trainer_class = trainer.TFEpochIterator, trainer.TensorFlowTrainer
+        iterator_class, trainer_class = trainer.TFEpochIterator, trainer.TensorFlowTrainer
+    except (ImportError, AttributeError) as e:  # another Keras: its iterators are left as they are
+        logger.warning("tfdist cannot find Keras's TensorFlow trainer (%r): fit's input iterators are not released "
+                       "when it returns (a fit stopped early may leave one to the garbage collector)", e)
+        _installed = True
+        return
     original_init = iterator_class.__init__
 
     @functools.wraps(original_init)

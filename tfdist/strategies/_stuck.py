@@ -39,8 +39,8 @@ from typing import Callable
 
 from tfdist import constants
 
-__all__ = ["StuckTaskWatchdog", "arm_exit_watchdog", "start_stuck_task_watchdog", "stop_stuck_task_watchdog",
-           "note_progress", "DEFAULT_STUCK_TIMEOUT_S"]
+__all__ = ["StuckTaskWatchdog", "arm_exit_watchdog", "exit_watchdog_work_done", "start_stuck_task_watchdog",
+           "stop_stuck_task_watchdog", "note_progress", "DEFAULT_STUCK_TIMEOUT_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -168,13 +168,13 @@ class StuckTaskWatchdog:
         self._disarm()
 
 
-def _report_and_exit(message: str) -> None:
+def _report_and_exit(message: str, code: int = 1) -> None:
     logger.error("%s", message)
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stderr.flush()
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    os._exit(1)
+    os._exit(code)
 
 
 _WATCHDOG: StuckTaskWatchdog | None = None
@@ -219,6 +219,21 @@ def innermost(frame, depth: int = 3) -> str:
 EXIT_FALLBACK_S = 5.0
 
 
+#: What the exit watchdog's reporter exits with: 1, or 0 once the script ended cleanly and said it was done.
+_exit_code = 1
+
+
+def exit_watchdog_work_done() -> None:
+    """The script ended without an error and the parameter servers know this task is done.
+
+    From now on a hang in the rest of the tear-down is not a failure of the
+    task: the exit watchdog still reports it, but exits 0 (as the launcher
+    counts such a task finished, and Kubernetes' chief policy needs).
+    """
+    global _exit_code
+    _exit_code = 0
+
+
 def arm_exit_watchdog() -> threading.Timer | None:
     """Bounds interpreter shutdown of a task process: exit 1 saying where it waits, with every thread's stack.
 
@@ -231,7 +246,8 @@ def arm_exit_watchdog() -> threading.Timer | None:
     else may hang at exit. ``TFDIST_EXIT_TIMEOUT_S`` (default 20; 0
     disables) sets it. Past it a reporter thread writes what the main thread
     waits in (its innermost Python frame and the Keras call, if any) and
-    every thread's stack to stderr, and exits 1. A hang that never lets
+    every thread's stack to stderr, and exits 1, or 0 after
+    :func:`exit_watchdog_work_done` (the task's work was done). A hang that never lets
     Python run (the GIL held, or the interpreter already finalizing) is ended
     by ``faulthandler``'s C thread :data:`EXIT_FALLBACK_S` later, with the
     stacks alone. Returns the reporter's timer (None when disabled).
@@ -246,11 +262,14 @@ def arm_exit_watchdog() -> threading.Timer | None:
     def report():
         frame = sys._current_frames().get(main)
         call = keras_call(frame) if frame is not None else None
+        code = _exit_code
+        why = ("its work was done: the script ended without an error and the parameter servers know it"
+               if code == 0 else "the script ended with an error, or before the parameter servers heard it was done")
         _report_and_exit(
             f"The script ended at {began} but this process did not exit within {seconds:g} s "
             f"({constants.ENV_EXIT_TIMEOUT_S}): its main thread waits in {innermost(frame)}"
-            + (f" (inside keras {call}())" if call else "") + ". Every thread's stack follows; exiting with "
-            "code 1 (a worker that said Done counts as finished).")
+            + (f" (inside keras {call}())" if call else "") + f". Every thread's stack follows; exiting with "
+            f"code {code} ({why}).", code)
 
     faulthandler.dump_traceback_later(seconds + EXIT_FALLBACK_S, exit=True)
     timer = threading.Timer(seconds, report)

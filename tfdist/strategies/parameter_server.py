@@ -50,7 +50,7 @@ from tfdist.strategies._keras_iterators import install as install_iterator_relea
 from tfdist.strategies._ps_extended import ParameterServerExtended, install_plain_batch_results
 from tfdist.strategies._ps_runtime import STAT_NAMES, default_variable_filter
 from tfdist.strategies._runtimes import make_runtime
-from tfdist.strategies._stuck import arm_exit_watchdog, start_stuck_task_watchdog
+from tfdist.strategies._stuck import arm_exit_watchdog, exit_watchdog_work_done, start_stuck_task_watchdog
 from tfdist.strategies._tables import install_resident_embeddings
 
 __all__ = ["ParameterServerStrategy", "SyncReplicasStrategy", "BSPStrategy", "SSPStrategy", "DTSSPStrategy",
@@ -453,8 +453,10 @@ class ParameterServerStrategy(StrategyBase):
         return self._runtime.evaluation_rounds(interval_s)
 
     def _at_exit(self) -> None:
-        gc.collect()  # garbage holding tf.data iterators is freed here, not on an inter-op thread of a later op
         in_cluster = self._local_server is None
+        if in_cluster and self._task_process:
+            arm_exit_watchdog()  # bounds what follows too (sending Done, closing, the interpreter's tear-down)
+        gc.collect()  # garbage holding tf.data iterators is freed here, not on an inter-op thread of a later op
         if not in_cluster:  # nothing reads an in-process PS after exit: do not send it the held steps
             self._runtime.close(done=False, flush=False)
         failed = exit_status.ended_with_error()
@@ -464,8 +466,8 @@ class ParameterServerStrategy(StrategyBase):
             logger.warning("worker %d: the script ended with an error; not telling the parameter servers it is "
                            "done (they keep serving, so this task can be started again)", self._runtime.worker_id)
         self.shutdown(done=not failed)
-        if in_cluster and self._task_process:
-            arm_exit_watchdog()
+        if not failed:
+            exit_watchdog_work_done()  # a hang from here on ends the process with 0, its work done
 
     def shutdown(self, done: bool = True) -> None:
         """Tells the PS this worker is done and closes connections (idempotent).

@@ -23,7 +23,6 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-faulthandler.dump_traceback_later(60, exit=True)
 
 import keras
 import numpy as np
@@ -32,6 +31,8 @@ import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import tfdist  # noqa: E402
+
+faulthandler.dump_traceback_later(60, exit=True)  # (armed after the imports, which a busy machine makes slow)
 
 
 class StopEarly(keras.callbacks.Callback):
