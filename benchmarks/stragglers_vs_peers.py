@@ -75,6 +75,7 @@ TFDIST_MODES = {
     "bsp": {"consistency": "bsp"},
     "sync_replicas": {"consistency": "sync_replicas", "replicas_to_aggregate": 3},
     "async": {"consistency": "async"},
+    "async_auto": {"consistency": "async", "exchange_every": "auto"},
     "ssp": {"consistency": "ssp", "staleness": 3},
     "dtssp": {"consistency": "dtssp"},
 }
@@ -83,6 +84,7 @@ LABELS = {
     "mwms": "TF MultiWorkerMirroredStrategy (Keras 3, patched)",
     "tf_pss": "TF ParameterServerStrategy (tf-keras, 1 PS + coordinator)",
     "bsp": "tfdist BSP", "sync_replicas": "tfdist SyncReplicas (3 of 4)", "async": "tfdist async",
+    "async_auto": "tfdist async, `exchange_every: auto`",
     "ssp": "tfdist SSP (s=3)", "dtssp": "tfdist DTSSP (3..10)",
 }
 
