@@ -9,6 +9,7 @@ few rows travel row-sparse (``session._row_sparse``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import math
@@ -98,11 +99,8 @@ class UpdateSession(WorkerSession):
             ) -> dict[str, np.ndarray] | None:
         """Pushes the step's update (``steps`` local steps summed); returns fresh values when it also pulled."""
         self.flush()  # an overlapped exchange in flight: its fresh values come back with this pull
-        cpu, pool_cpu = time.thread_time(), self.client.pool_cpu_seconds
-        try:
+        with self._counting_exchange_cpu():
             values = self._push(current, loss, pull=self.refresh_every_step, steps=steps)
-        finally:
-            self.stats["exchange_cpu_seconds"] += time.thread_time() - cpu + self.client.pool_cpu_seconds - pool_cpu
         if values is not None:
             self.state.cache_min_clock = self.state.min_clock
             self.stats["refreshes"] += 1
@@ -131,26 +129,38 @@ class UpdateSession(WorkerSession):
             raise PSRejectedError("end_overlapped() is for ASP (refresh_every_step); SSP/DTSSP use end().")
         if not self._snapshot:
             raise PSRejectedError("push before initialize(): the worker has no snapshot to diff against.")
-        start, cpu = time.perf_counter(), time.thread_time()
-        corrections = self._finish_exchange()
-        base = self._base if self._base is not None else self._snapshot
-        deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
-        self.state.clock += 1
-        args = (deltas, loss, self.state.clock, self._snapshot, list(self.state.versions), steps)
-        try:
-            if self._exchange_thread is None:
-                self._exchange_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-exchange")
-            self._exchange = self._exchange_thread.submit(self._exchange_in_background, *args)
-        except RuntimeError:  # the interpreter is ending (no new futures): exchange in this thread
-            self._exchange = Future()
+        start = time.perf_counter()
+        with self._counting_exchange_cpu(client_threads=False):  # (the exchange in flight counts its own calls)
+            corrections = self._finish_exchange()
+            base = self._base if self._base is not None else self._snapshot
+            deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
+            self.state.clock += 1
+            args = (deltas, loss, self.state.clock, self._snapshot, list(self.state.versions), steps)
             try:
-                self._exchange.set_result(self._exchange_in_background(*args))
-            except BaseException as e:  # read by _finish_exchange, as a failed background exchange would be
-                self._exchange.set_exception(e)
+                if self._exchange_thread is None:
+                    self._exchange_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-exchange")
+                self._exchange = self._exchange_thread.submit(self._exchange_in_background, *args)
+            except RuntimeError:  # the interpreter is ending (no new futures): exchange in this thread
+                self._exchange = Future()
+                try:
+                    self._exchange.set_result(self._exchange_in_background(*args))
+                except BaseException as e:  # read by _finish_exchange, as a failed background exchange would be
+                    self._exchange.set_exception(e)
         self.stats["syncs"] += 1
         self.stats["sync_seconds"] += time.perf_counter() - start
-        self.stats["exchange_cpu_seconds"] += time.thread_time() - cpu
         return corrections
+
+    @contextlib.contextmanager
+    def _counting_exchange_cpu(self, client_threads: bool = True):
+        """Adds this thread's CPU inside the block (and the client threads' calls) to ``exchange_cpu_seconds``."""
+        cpu, pool_cpu = time.thread_time(), self.client.pool_cpu_seconds
+        try:
+            yield
+        finally:
+            spent = time.thread_time() - cpu
+            if client_threads:
+                spent += self.client.pool_cpu_seconds - pool_cpu
+            self.stats["exchange_cpu_seconds"] += spent
 
     def flush(self) -> dict[str, np.ndarray] | None:
         """Waits for an overlapped exchange still in flight; returns its corrections (or None)."""
@@ -176,12 +186,8 @@ class UpdateSession(WorkerSession):
 
         Its thread's CPU (and the client threads' calls) count in ``stats["exchange_cpu_seconds"]``.
         """
-        cpu, pool_cpu = time.thread_time(), self.client.pool_cpu_seconds
-        try:
+        with self._counting_exchange_cpu():
             return self._exchange_once(deltas, loss, clock, snapshot, version, steps)
-        finally:
-            self.stats["exchange_cpu_seconds"] += (time.thread_time() - cpu
-                                                   + self.client.pool_cpu_seconds - pool_cpu)
 
     def _exchange_once(self, deltas, loss, clock, snapshot, version, steps: int) -> _Exchange:
         # What every PS task holds after this update if no other update landed:
