@@ -3,12 +3,13 @@
 Connects to running ``tfpss_server.py`` tasks (1 PS + N workers), builds the
 benchmark model under ``tf.distribute.experimental.ParameterServerStrategy``
 and runs tf-keras ``fit`` on a ``DatasetCreator`` (batch 64 per worker,
-``steps_per_execution=1``, the default). The coordinator dispatches steps
+``steps_per_execution=1`` by default, ``--steps-per-execution`` to change it). The coordinator dispatches steps
 asynchronously and tf-keras refuses batch-level callbacks under PSS, so
 throughput is timed between epoch ends instead (tf-keras joins the coordinator at every
 epoch end): the first epoch is the warm-up, the following ones are timed.
 
 Usage: tfpss_coordinator.py --cluster JSON --model mlp|cnn --out FILE --steps-per-epoch N [--timed-epochs 2]
+       [--steps-per-execution K]
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--steps-per-epoch", type=int, required=True)
     p.add_argument("--timed-epochs", type=int, default=2)
+    p.add_argument("--steps-per-execution", type=int, default=1,
+                   help="steps each dispatched function runs (tf-keras compile); must divide --steps-per-epoch")
     args = p.parse_args()
+    if args.steps_per_execution < 1 or args.steps_per_epoch % args.steps_per_execution:
+        p.error(f"--steps-per-execution {args.steps_per_execution} must be >= 1 and divide "
+                f"--steps-per-epoch {args.steps_per_epoch}")
 
     import tensorflow as tf
 
@@ -47,7 +53,7 @@ def main() -> int:
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     with strategy.scope():
         model = _common.make_model(keras, args.model)
-        _common.compile_model(keras, model)
+        _common.compile_model(keras, model, steps_per_execution=args.steps_per_execution)
 
     def dataset_fn(input_context):
         return _common.synthetic_dataset(args.model, _common.BATCH, seed=input_context.input_pipeline_id)
@@ -73,6 +79,7 @@ def main() -> int:
         "steps_per_s": steps / seconds,
         "examples_per_s": steps * _common.BATCH / seconds,
         "batch": _common.BATCH,
+        "steps_per_execution": args.steps_per_execution,
         "params": int(model.count_params()),
         "epoch_seconds": [b - a for a, b in zip(timer.epoch_times, timer.epoch_times[1:])],
     }
