@@ -13,6 +13,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # tfdist/cluster/zygote.py): seconds saved per task, minutes per run. TFDIST_FAST_START=0 starts each the
 # usual way.
 os.environ.setdefault("TFDIST_FAST_START", "1")
+# Local and netns clusters run their tasks with PYTHONUNBUFFERED=1, and the zygote forks only tasks whose
+# import-time variables (PYTHON*, ...) equal its own: it starts with the environment of whichever asks first
+# (a cluster's task or, through the lent socket below, a launcher with this one), so give this one the same.
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLAB = ROOT / "colab"

@@ -39,10 +39,14 @@ PS_JOB_HOSTS = {"ps:0": "ps0", "ps:1": "ps1", "chief:0": "chief", "worker:0": "w
 
 
 def _env(**extra):
-    """The environment of a task: this one's, without any job's variables, plus ``extra``."""
+    """The environment of a task: this one's, without any job's variables, plus ``extra``.
+
+    ``PYTHONPATH`` stays this process's, as for the tasks of every other test: they import the tfdist under
+    test, and they match the import-time variables of this process's zygote, which forks the Python tasks
+    into their hosts (NetnsCluster with fast start) instead of each importing TensorFlow.
+    """
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG",) and not k.startswith("TFDIST_")}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", PYTHONUNBUFFERED="1", TFDIST_TOKEN=TOKEN,
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", PYTHONUNBUFFERED="1", TFDIST_TOKEN=TOKEN)
     env.update(extra)
     return env
 
@@ -117,6 +121,32 @@ def test_netns_cluster_connects_its_hosts_and_removes_everything_when_the_test_f
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
     assert not any(name in listed for name in names), listed
     assert _root_links() == root_before
+
+
+def test_a_task_forked_into_a_host_lives_in_its_namespace_as_under_ip_netns_exec(tmp_path):
+    """Fast start: a ``python script.py`` task forked from the zygote (TensorFlow imported once) enters its
+    host's network namespace before it runs a line, threads included, as the same task started with
+    ``ip netns exec`` does; and it reaches another host by address."""
+    script = tmp_path / "where.py"
+    script.write_text(
+        "import os, socket, sys, threading\n"
+        "seen = {}\n"
+        "def look(): seen['thread'] = os.stat(f'/proc/self/task/{threading.get_native_id()}/ns/net').st_ino\n"
+        "t = threading.Thread(target=look); t.start(); t.join()\n"
+        "print('netns', os.stat('/proc/self/ns/net').st_ino, seen['thread'], flush=True)\n"
+        "socket.create_connection((sys.argv[1], 5000), timeout=10).close(); print('peer ok', flush=True)\n")
+    server = ("import socket\n"
+              "s = socket.create_server(('0.0.0.0', 5000)); print('listening', flush=True)\n"
+              "s.accept()[0].close()\n")
+    for fast_start in (True, False):
+        with NetnsCluster(["a", "b"], log_dir=str(tmp_path / f"logs-{fast_start}"), fast_start=fast_start) as net:
+            net.run("b", "server", [sys.executable, "-c", server])
+            net.wait_for_output("server", "listening", 30)
+            task = net.run("a", "task", [sys.executable, str(script), net.address("b")], env=_env())
+            assert net.wait(["task", "server"], 60) == {"task": 0, "server": 0}, net.describe()
+            assert task.forked == fast_start, net.describe()
+            inode = os.stat(os.path.join("/var/run/netns", net.host("a").namespace)).st_ino
+            assert f"netns {inode} {inode}" in net.log("task") and "peer ok" in net.log("task"), net.describe()
 
 
 def test_ps_job_started_one_task_per_host_with_the_launcher(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,15 @@ _DIE_WITH_PARENT = (
 )
 
 
+#: Where ``ip netns`` keeps a file per named network namespace (iproute2's NETNS_RUN_DIR).
+NETNS_RUN_DIR = "/var/run/netns"
+
+
+def ip_binary() -> str | None:
+    """Path of iproute2's ``ip`` command, or None if it is not installed."""
+    return shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.path.exists(p)), None)
+
+
 def _with_parent_death_signal(argv: list[str]) -> list[str]:
     """``argv`` wrapped so the task dies with this process (Linux); unchanged elsewhere."""
     if not sys.platform.startswith("linux") or not argv or not os.path.isabs(argv[0]):
@@ -54,6 +64,10 @@ class TaskProcess:
         forward_stdout: Copy the child's stdout to ours (prefixed).
         forward_stderr: Copy the child's stderr to ours (prefixed).
         out: Where forwarded output goes. Defaults to ``sys.stdout``.
+        fast_start: Fork the task from this process's zygote (:mod:`tfdist.cluster.zygote`) when it can
+            run ``argv`` as a fresh interpreter would. Defaults to ``False``.
+        netns: Name of a network namespace (``ip netns``) the task runs in: started as ``ip netns exec
+            NETNS argv``, or forked into it. Defaults to None: this process's.
     """
 
     def __init__(
@@ -67,6 +81,7 @@ class TaskProcess:
         out: IO[str] | None = None,
         tail_lines: int = 40,
         fast_start: bool = False,
+        netns: str | None = None,
     ):
         self.task = task
         self.argv = list(argv)
@@ -85,6 +100,8 @@ class TaskProcess:
         self.fast_start = fast_start
         #: Whether this task was forked from the zygote.
         self.forked = False
+        #: The network namespace the task runs in (``ip netns`` name), or None.
+        self.netns = netns
 
     @property
     def prefix(self) -> str:
@@ -96,8 +113,9 @@ class TaskProcess:
             self._log = open(self.log_path, "a", encoding="utf-8", errors="replace")
         self.proc = self._fork() if self.fast_start else None
         self.forked = self.proc is not None
+        argv = self.argv if self.netns is None else [ip_binary() or "ip", "netns", "exec", self.netns, *self.argv]
         self.proc = self.proc or subprocess.Popen(
-            _with_parent_death_signal(self.argv),
+            _with_parent_death_signal(argv),
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -125,7 +143,8 @@ class TaskProcess:
         if z is None or not z.accepts(self.argv, self.env):
             return None
         try:
-            return z.spawn(self.argv, self.env)
+            netns = None if self.netns is None else os.path.join(NETNS_RUN_DIR, self.netns)
+            return z.spawn(self.argv, self.env, netns=netns)
         except Exception as e:
             logger.warning("could not fork %s from the zygote (%s); starting it the usual way", self.task, e)
             return None

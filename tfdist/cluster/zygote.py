@@ -27,6 +27,11 @@ strings alike, where fresh interpreters would not, so run a suite once with
 ``TFDIST_FAST_START=0`` to catch code that depends on set order agreeing
 across processes.
 
+A task can run in another network namespace (``spawn(..., netns=PATH)``, as
+:class:`~tfdist.testing.NetnsCluster` runs each emulated host's tasks): the
+forked child enters it with ``setns`` before it starts a thread, so its
+sockets and every thread it starts live there, as under ``ip netns exec``.
+
 A process can also lend its zygote to the processes it starts:
 :func:`serve_forks` listens on a Unix socket and names it in
 ``TFDIST_ZYGOTE_SOCKET``; a process that finds that variable (e.g. a
@@ -259,12 +264,19 @@ class Zygote:
         """Whether the zygote can run ``argv`` with ``env`` exactly as a fresh interpreter would."""
         return self.alive and _target(argv) is not None and _import_time_env(env) == self._import_env
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> ForkedProcess:
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], netns: str | None = None) -> ForkedProcess:
         """Forks a task running ``argv`` with ``env``; its stdout and stderr are pipes, as with Popen.
 
         When the zygote does not answer in time the task starts the usual
         way, and the fork the zygote makes late is killed when its pid
         arrives: none runs beside it.
+
+        Args:
+            argv: The task's command line (``python script.py ...`` or ``python -m module ...``).
+            env: Its full environment.
+            netns: Path of a network namespace (``/var/run/netns/NAME``, as ``ip netns`` names them) the
+                task enters before it runs a line (``setns``), as under ``ip netns exec NAME argv``.
+                Defaults to None: the zygote's.
         """
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -272,8 +284,10 @@ class Zygote:
             with self._request_lock:
                 self._next_id += 1
                 request_id = self._next_id
-                _send(self._sock, {"id": request_id, "argv": list(argv), "env": dict(env), "cwd": os.getcwd()},
-                      [out_w, err_w])
+                request = {"id": request_id, "argv": list(argv), "env": dict(env), "cwd": os.getcwd()}
+                if netns is not None:
+                    request["netns"] = netns
+                _send(self._sock, request, [out_w, err_w])
                 try:
                     reply = self._wait_reply(request_id, "pid", timeout=SPAWN_TIMEOUT_S)
                 except Exception:
@@ -547,8 +561,10 @@ def _serve_connection(sock: socket.socket, ready: dict) -> None:
                 _send(sock, {"id": -1, "error": f"bad request: {e}"})
                 continue
             try:
+                if request.get("netns"):  # opened here: a namespace that is gone is refused, not a task that dies
+                    fds.append(os.open(request["netns"], os.O_RDONLY | os.O_CLOEXEC))
                 pid = os.fork()
-            except OSError as e:  # EAGAIN, ENOMEM: this task starts the usual way; the others live on
+            except OSError as e:  # EAGAIN, ENOMEM, no such namespace: this task starts the usual way
                 for f in fds:
                     os.close(f)
                 _send(sock, {"id": request.get("id", -1), "error": f"fork failed: {e}"})
@@ -587,6 +603,23 @@ def _lent(sock: socket.socket, fds: list[int], zygote_pid: int) -> None:
     _serve_connection(connection, {"id": 0, "ready": True, "import_env": _started_env})
 
 
+#: ``setns`` flag of a network namespace (linux/sched.h).
+_CLONE_NEWNET = 0x40000000
+
+
+def _enter_network_namespace(fd: int) -> None:
+    """Moves this (single-threaded) process into the network namespace open at ``fd``, then closes ``fd``."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into the task's network namespace failed: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
+
+
 def _reap(sock: socket.socket) -> None:
     while True:
         try:
@@ -610,6 +643,7 @@ def _set_title(argv: Sequence[str]) -> None:
 def _child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: int) -> None:
     """In the forked task: become the command line ``request["argv"]`` would have started."""
     try:
+        netns_fd = fds.pop() if request.get("netns") else None
         sock.close()
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM):  # as a fresh interpreter has them (SIGPIPE stays ignored)
@@ -626,6 +660,8 @@ def _child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: int) 
         sys.stdin = io.open(0, "r", closefd=False)
         sys.stdout = io.open(1, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
         sys.stderr = io.open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
+        if netns_fd is not None:  # while this process has one thread: every thread it starts is inside too
+            _enter_network_namespace(netns_fd)
         _set_title(request["argv"])  # before the environment changes (setproctitle needs the original)
         os.environ.clear()
         os.environ.update(request["env"])
