@@ -1,6 +1,7 @@
 """Integration fixtures: real PS processes on 127.0.0.1, always torn down."""
 
 import os
+import time
 
 import pytest
 
@@ -9,6 +10,28 @@ SCRIPTS = os.path.join(ROOT, "tests", "integration", "scripts")
 ZYGOTE_MARK = "tfdist.cluster.zygote import _serve"
 #: multiprocessing's fork server (the federated simulator's pool forks its workers from it): one per process.
 FORKSERVER_MARK = "from multiprocessing.forkserver import main"
+#: How long a child that is being torn down (killed, its memory already released) may take to become a zombie.
+EXITING_BOUND_S = 5.0
+
+
+def _exits(p) -> bool:
+    """Whether ``p``, a process with no command line left (the kernel is tearing it down), exits within the bound.
+
+    A SIGKILLed process loses its command line before it becomes a zombie; a
+    test that killed it and returned does not leak it. One that stays is a leak.
+    """
+    import psutil
+
+    deadline = time.monotonic() + EXITING_BOUND_S
+    while True:
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -45,8 +68,10 @@ def _no_leaked_children():
             if p.ppid() == os.getpid() and (ZYGOTE_MARK in cmdline or FORKSERVER_MARK in cmdline):
                 continue  # this process's zygote and fork server (TFDIST_FAST_START) live as long as pytest; their
                 # tasks and workers do not
-            if p.status() != psutil.STATUS_ZOMBIE and "kernel" not in " ".join(p.cmdline()):
-                leaked.append((p.pid, " ".join(p.cmdline())[:120]))
+            if not cmdline and _exits(p):
+                continue  # killed by the test, not reaped yet
+            if p.status() != psutil.STATUS_ZOMBIE and "kernel" not in cmdline:
+                leaked.append((p.pid, cmdline[:120]))
         except psutil.NoSuchProcess:
             pass
     for pid, _ in leaked:
