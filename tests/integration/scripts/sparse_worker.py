@@ -44,15 +44,21 @@ def build(embedding):
 
 
 class Pause(keras.callbacks.Callback):
-    """The chief, before its ``pause_at``-th step, writes ``paused`` in ``out`` and waits (bounded) for ``resume``."""
+    """Every worker, before its ``pause_at``-th step, waits (bounded) for ``resume`` in ``out``; the chief first
+    writes ``paused`` there.
+
+    The others hold too, so that a worker ahead of the chief (async: nothing holds it back) cannot finish
+    its steps before the fault the test injects while the chief is paused: every worker trains after it.
+    """
 
     def __init__(self, me, pause_at, out):
         super().__init__()
         self.me, self.pause_at, self.out = me, pause_at, out
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.me == 0 and self.pause_at is not None and batch + 1 == self.pause_at:
-            open(os.path.join(self.out, "paused"), "w").close()
+        if self.pause_at is not None and batch + 1 == self.pause_at:
+            if self.me == 0:
+                open(os.path.join(self.out, "paused"), "w").close()
             deadline = time.monotonic() + 120
             while not os.path.exists(os.path.join(self.out, "resume")):
                 if time.monotonic() > deadline:
