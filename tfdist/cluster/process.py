@@ -41,9 +41,14 @@ _DIE_WITH_PARENT = (
 NETNS_RUN_DIR = "/var/run/netns"
 
 
+def sbin_tool(name: str) -> str | None:
+    """Path of a system tool (iproute2's ``ip``, ``tc``) on PATH or in the sbin directories, or None."""
+    return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/sbin/{name}") if os.path.exists(p)), None)
+
+
 def ip_binary() -> str | None:
     """Path of iproute2's ``ip`` command, or None if it is not installed."""
-    return shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.path.exists(p)), None)
+    return sbin_tool("ip")
 
 
 def _with_parent_death_signal(argv: list[str]) -> list[str]:

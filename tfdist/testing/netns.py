@@ -48,7 +48,6 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from typing import Mapping, Sequence
 
 from tfdist.cluster.process import TaskProcess
 from tfdist.cluster.process import ip_binary as _ip_binary
+from tfdist.cluster.process import sbin_tool
 from tfdist.cluster.zygote import fast_start_enabled
 from tfdist.errors import LaunchError
 
@@ -94,7 +94,7 @@ class Host:
 
 
 def _tc_binary() -> str | None:
-    return shutil.which("tc") or next((p for p in ("/usr/sbin/tc", "/sbin/tc") if os.path.exists(p)), None)
+    return sbin_tool("tc")
 
 
 def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
