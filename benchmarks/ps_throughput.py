@@ -496,13 +496,17 @@ def _ratios(rows: dict) -> dict:
         ratios["tfdist_1w1ps_ms_added_per_step"] = 1e3 / rows["tfdist_1w1ps"]["steps_per_s"] - \
             1e3 / rows["plain"]["steps_per_s"]
     baselines = {k: eps(k) for k in ("mwms", "tf_pss", "tf_pss_spe10") if eps(k)}
+
+    def vs_each_baseline(name):
+        for k, v in baselines.items():
+            ratios[f"{name}_vs_{k}"] = eps(name) / v
+            ratios[f"{name}_vs_{k}_per_pass"] = per_pass(name, k)
+
     if eps("tfdist_2w2ps") and baselines:
         best = max(baselines, key=baselines.get)
         ratios["tfdist_2w2ps_vs_best_baseline"] = eps("tfdist_2w2ps") / baselines[best]
         ratios["best_baseline"] = best
-        for k, v in baselines.items():
-            ratios[f"tfdist_2w2ps_vs_{k}"] = eps("tfdist_2w2ps") / v
-            ratios[f"tfdist_2w2ps_vs_{k}_per_pass"] = per_pass("tfdist_2w2ps", k)
+        vs_each_baseline("tfdist_2w2ps")
     if eps("tfdist_2w2ps_k4") and baselines:
         best = max(baselines, key=baselines.get)
         ratios["tfdist_2w2ps_k4_vs_best_baseline"] = eps("tfdist_2w2ps_k4") / baselines[best]
@@ -513,9 +517,7 @@ def _ratios(rows: dict) -> dict:
         best = max(baselines, key=baselines.get)
         ratios["tfdist_2w2ps_auto_vs_best_baseline"] = eps("tfdist_2w2ps_auto") / baselines[best]
         ratios["tfdist_2w2ps_auto_vs_best_baseline_per_pass"] = per_pass("tfdist_2w2ps_auto", best)
-        for k, v in baselines.items():
-            ratios[f"tfdist_2w2ps_auto_vs_{k}"] = eps("tfdist_2w2ps_auto") / v
-            ratios[f"tfdist_2w2ps_auto_vs_{k}_per_pass"] = per_pass("tfdist_2w2ps_auto", k)
+        vs_each_baseline("tfdist_2w2ps_auto")
     if eps("tfdist_2w2ps_auto") and eps("tfdist_2w2ps"):
         ratios["tfdist_2w2ps_auto_vs_every_step_per_pass"] = per_pass("tfdist_2w2ps_auto", "tfdist_2w2ps")
     if eps("tfdist_2w2ps") and eps("mwms_split"):  # a reference, not a baseline users would run
