@@ -240,7 +240,8 @@ def test_a_dynamic_table_survives_a_killed_ps(tmp_path, scripts_dir, mode):
     checkpoint it restored are in its table at the end (no eviction here) with the trained values.
     BSP: the chief rolls every task back to the step ps:1 restored, and the workers end alike.
     """
-    import time
+    sys.path.insert(0, scripts_dir)
+    import sparse_worker as sw
 
     from tfdist.config import JobConfig
     from tfdist.ps import checkpoint as files
@@ -256,11 +257,7 @@ def test_a_dynamic_table_survives_a_killed_ps(tmp_path, scripts_dir, mode):
         cluster.start(os.path.join(scripts_dir, "dynamic_worker.py"),
                       ["--out", str(out), "--mode", mode, "--steps", "30", "--batch", "8", "--vocab", "400",
                        "--pause-at", "16"])
-        deadline = time.monotonic() + 240
-        while not (out / "paused").exists():
-            assert time.monotonic() < deadline and cluster.process("worker:0").poll() is None, \
-                cluster.log("worker:0")[-3000:]
-            time.sleep(0.05)
+        sw.wait_until_paused(cluster, str(out), workers=2)
         cluster.kill("ps:1")
         (out / "resume").touch()
         cluster.wait(240)

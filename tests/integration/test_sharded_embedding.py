@@ -292,7 +292,10 @@ def test_tables_survive_a_killed_ps(tmp_path, scripts_dir, mode):
     """
     import json
     import os
-    import time
+    import sys
+
+    sys.path.insert(0, scripts_dir)
+    import sparse_worker as sw
 
     from tfdist.config import JobConfig
     from tfdist.testing import LocalCluster
@@ -306,11 +309,7 @@ def test_tables_survive_a_killed_ps(tmp_path, scripts_dir, mode):
         cluster.start(os.path.join(scripts_dir, "sparse_worker.py"),
                       ["--out", str(out), "--mode", mode, "--steps", "40", "--batch", "8", "--vocab", "50",
                        "--pause-at", "20"])
-        deadline = time.monotonic() + 240
-        while not (out / "paused").exists():
-            assert time.monotonic() < deadline and cluster.process("worker:0").poll() is None, \
-                cluster.log("worker:0")[-3000:]
-            time.sleep(0.05)
+        sw.wait_until_paused(cluster, str(out), workers=2)
         cluster.kill("ps:1")
         (out / "resume").touch()
         cluster.wait(240)

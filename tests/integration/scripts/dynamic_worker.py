@@ -8,10 +8,11 @@ huge and negative int64 values (:func:`big_ids`), so a table with a row per
 name trains like ``sparse_worker``'s fixed table. Each worker trains on its
 half of every global batch with SGD and a zero initializer, so BSP over 2
 workers is the single-process run on the global batch. ``--pause-at K``: every
-worker, before its K-th step, waits (bounded) for the test to write
-``resume``; the chief first writes ``paused``. Writes ``worker-<id>.json``: the dense weights, the
-rows of every vocabulary id (read from the PS), predictions on the first 32
-examples, the strategy's table listing and the PS status' table counters.
+worker, before its K-th step, writes ``paused-<id>`` and waits (bounded) for
+the test to write ``resume`` (``sparse_worker.Pause``). Writes
+``worker-<id>.json``: the dense weights, the rows of every vocabulary id (read
+from the PS), predictions on the first 32 examples, the strategy's table
+listing and the PS status' table counters.
 
 ``--export`` (one worker, ``ps.checkpoint_dir`` set): trains the first half
 of the steps, writes a PS checkpoint and a full export of the table

@@ -2,8 +2,9 @@
 
 Usage: sparse_worker.py --out DIR --mode async|ssp|bsp [--steps N] [--batch B] [--vocab V] [--pause-at K]
 
-``--pause-at K``: the chief, before its K-th step, writes ``paused`` and waits
-(bounded) for the test to write ``resume`` (the test kills a PS task meanwhile).
+``--pause-at K``: every worker, before its K-th step, writes ``paused-<id>``
+and waits (bounded) for the test to write ``resume``; the test kills a PS
+task once every worker is paused (:func:`wait_until_paused`).
 
 Each worker trains on its half of every global batch (worker w: rows
 ``w*B .. (w+1)*B`` of global batch ``2B``), with SGD and a zero-initialised
@@ -44,11 +45,13 @@ def build(embedding):
 
 
 class Pause(keras.callbacks.Callback):
-    """Every worker, before its ``pause_at``-th step, waits (bounded) for ``resume`` in ``out``; the chief first
-    writes ``paused`` there.
+    """Every worker, before its ``pause_at``-th step, writes ``paused-<id>`` in ``out`` and waits (bounded) for
+    ``resume`` there.
 
-    The others hold too, so that a worker ahead of the chief (async: nothing holds it back) cannot finish
-    its steps before the fault the test injects while the chief is paused: every worker trains after it.
+    A test injects its fault once every worker is paused (:func:`wait_until_paused`): a worker ahead of the
+    chief (async: nothing holds it back) cannot finish its steps before the fault, and one that starts late
+    (a slow import under load) cannot start after it, when the fault is already over. Every worker has
+    trained before the fault and trains after it.
     """
 
     def __init__(self, me, pause_at, out):
@@ -57,13 +60,24 @@ class Pause(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.pause_at is not None and batch + 1 == self.pause_at:
-            if self.me == 0:
-                open(os.path.join(self.out, "paused"), "w").close()
+            open(os.path.join(self.out, f"paused-{self.me}"), "w").close()
             deadline = time.monotonic() + 120
             while not os.path.exists(os.path.join(self.out, "resume")):
                 if time.monotonic() > deadline:
                     raise TimeoutError("the test did not say resume within 120 s")
                 time.sleep(0.02)
+
+
+def wait_until_paused(cluster, out, workers, bound_s=240.0):
+    """Waits until every one of ``workers`` wrote ``paused-<id>`` in ``out`` (:class:`Pause`); fails, with the
+    log of a worker that is not there, if one exits first or the bound passes."""
+    deadline = time.monotonic() + bound_s
+    for w in range(workers):
+        while not os.path.exists(os.path.join(out, f"paused-{w}")):
+            task = f"worker:{w}"
+            assert time.monotonic() < deadline and cluster.process(task).poll() is None, \
+                f"{task} did not reach its pause:\n" + cluster.log(task)[-3000:]
+            time.sleep(0.05)
 
 
 def main():
