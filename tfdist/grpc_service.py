@@ -39,7 +39,7 @@ from tfdist.constants import AUTH_METADATA_KEY as _TOKEN_KEY
 from tfdist.errors import WireFormatError
 from tfdist import wire
 
-__all__ = ["WireService", "Handler"]
+__all__ = ["WireService", "Handler", "error_status"]
 
 logger = logging.getLogger(__name__)
 
@@ -180,14 +180,24 @@ class WireService:
                     self._on_malformed(name)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {e}")
             except Exception as e:  # noqa: BLE001 -- every failure becomes a status the caller can read
-                code = getattr(e, "grpc_code", None)
-                if isinstance(code, str):
-                    context.abort(getattr(grpc.StatusCode, code, grpc.StatusCode.UNKNOWN), f"{name}: {e}")
-                for kind, status in errors:
-                    if isinstance(e, kind):
-                        context.abort(status, f"{name}: {e}")
-                logger.exception("%s: internal error in %s", self.what, name)
-                context.abort(grpc.StatusCode.INTERNAL,
-                              f"{name}: internal error in {self.what} ({type(e).__name__}); see its log.")
+                context.abort(*error_status(self.what, name, e, errors))
 
         return handler
+
+
+def error_status(what: str, name: str, e: Exception, errors: Sequence[tuple[type, grpc.StatusCode]] = ()
+                 ) -> tuple[grpc.StatusCode, str]:
+    """The status and message a caller gets for a handler's exception (every tfdist transport alike).
+
+    An exception with a ``grpc_code`` attribute (a ``grpc.StatusCode`` name)
+    gets that code; one of the ``errors`` types gets its code; anything else
+    is a bug: logged with its traceback, answered ``INTERNAL``.
+    """
+    code = getattr(e, "grpc_code", None)
+    if isinstance(code, str):
+        return getattr(grpc.StatusCode, code, grpc.StatusCode.UNKNOWN), f"{name}: {e}"
+    for kind, status in errors:
+        if isinstance(e, kind):
+            return status, f"{name}: {e}"
+    logger.exception("%s: internal error in %s", what, name)
+    return grpc.StatusCode.INTERNAL, f"{name}: internal error in {what} ({type(e).__name__}); see its log."

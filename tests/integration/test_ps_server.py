@@ -195,6 +195,8 @@ def test_tls(tmp_path):
         with PSClient([server.address], "tls-token-123", rpc_timeout_s=5, tls_ca=str(cert)) as c:
             meta, _ = c.call(0, "Status", {})
             assert meta["initialized"] is False
+            # TLS keeps every call on gRPC: the server offers no plain stream port, the client never uses one
+            assert meta["stream_port"] is None and server._stream is None and not c.stream
         with PSClient([server.address], "tls-token-123", rpc_timeout_s=2) as plain:  # no TLS: cannot talk
             with pytest.raises(PSUnavailableError):
                 plain.call(0, "Status", {})

@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("TF compatibility and datasets", ("tfdist._tf_compat", "tfdist.datasets")),
     ("encoding", ("tfdist.auth", "tfdist.tls", "tfdist.wire")),
     ("transport", ("tfdist.grpc_service",)),
+    ("the data plane's lean transport (maps errors as gRPC does)", ("tfdist.stream_service",)),
     ("pure policies and the slowdown injector", ("tfdist.consistency", "tfdist.straggler", "tfdist.slowdown")),
     ("autoscaling policy", ("tfdist.elastic.policy",)),
     ("config", ("tfdist.config",)),

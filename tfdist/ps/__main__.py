@@ -70,6 +70,7 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
         checkpoint_every_steps=config.ps.checkpoint_every_steps,
         checkpoint_keep=config.ps.checkpoint_keep,
         num_ps=len(config.cluster.ps),
+        stream=config.ps.transport == "auto",
     )
 
 

@@ -5,6 +5,14 @@ thread, the others on a small pool of threads, each a blocking gRPC call);
 every call has a deadline, and a failure becomes a tfdist error that names
 the task, its address and the setting that controls the timeout.
 
+The data plane (:data:`~tfdist.ps.protocol.STREAM_METHODS`: pulls, pushes,
+row lookups) travels over the PS task's lean transport
+(:mod:`tfdist.stream_service`) when the task offers one and the job has no
+TLS: a few persistent TCP connections per task, learnt from the task's
+``Status`` (over gRPC) and learnt again after a connection is lost (a task
+that restarted listens on another port). A task whose stream port cannot be
+reached from here is called over gRPC. Every other call uses gRPC.
+
 Blocking calls rather than gRPC futures: grpcio completes a future's
 response on its channel-polling thread, which for multi-megabyte messages
 costs about twice the client CPU of a blocking call (measured with
@@ -14,6 +22,7 @@ grpcio 1.85: 16 MiB echo, 41-45 ms vs 18-22 ms of client CPU per call).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +38,9 @@ from tfdist.errors import (AuthError, JobMismatchError, PSRejectedError, PSUnava
 from tfdist import tls, wire
 from tfdist.ps import memory
 from tfdist.ps.protocol import METHODS as _METHODS
-from tfdist.ps.protocol import SERVICE, method_of
+from tfdist.ps.protocol import SERVICE, STREAM_METHODS, StatusRequest, method_of
 from tfdist.ps.replies import parse_reply
+from tfdist.stream_service import StreamConnection, StreamStatusError
 
 __all__ = ["PSClient"]
 
@@ -44,6 +54,48 @@ _TLS_PROBE_EVERY_S = 0.5
 
 _UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
+#: A task's stream port not learnt yet (see :class:`_StreamRoute`); also what ``_call_stream`` returns for "use gRPC".
+_UNKNOWN = object()
+_USE_GRPC = object()
+#: Idle stream connections kept per PS task.
+_MAX_IDLE_STREAMS = 8
+#: After a task's stream port could not be reached, how long its calls use gRPC before trying again
+#: (doubled after each failed try, up to ``_STREAM_RETRY_MAX_S``).
+_STREAM_RETRY_S = 30.0
+_STREAM_RETRY_MAX_S = 960.0
+#: Bound on connecting to a stream port (a firewall that drops the packets costs this, then gRPC).
+_STREAM_CONNECT_S = 2.0
+
+
+class _StreamRoute:
+    """How one PS task's data-plane calls reach it: its stream port and the idle connections to it."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        #: The port (int), ``None`` (none offered, or unreachable until ``retry_at``), or ``_UNKNOWN``.
+        self.port: object = _UNKNOWN
+        self.retry_at = 0.0
+        self.retry_after = _STREAM_RETRY_S
+        self.idle: list[StreamConnection] = []
+
+    def take(self) -> StreamConnection | None:
+        with self.lock:
+            return self.idle.pop() if self.idle else None
+
+    def give_back(self, conn: StreamConnection) -> None:
+        with self.lock:
+            if len(self.idle) < _MAX_IDLE_STREAMS:
+                self.idle.append(conn)
+                return
+        conn.close()
+
+    def forget(self) -> None:
+        """The connection to the task was lost: it may have restarted on another port; idle ones are stale."""
+        with self.lock:
+            stale, self.idle, self.port = self.idle, [], _UNKNOWN
+        for conn in stale:
+            conn.close()
+
 
 class PSClient:
     """Talks to every PS task of a job.
@@ -56,6 +108,9 @@ class PSClient:
         tls_ca: Path of a PEM root certificate: use TLS and verify the PS.
         tune_malloc: Apply :func:`tfdist.ps.memory.tune_malloc` to this
             process. Defaults to ``True``.
+        stream: Send the data plane over the tasks' lean transport where
+            they offer it (never with TLS). Defaults to ``True``
+            (setting ``ps.transport``).
     """
 
     def __init__(
@@ -66,10 +121,16 @@ class PSClient:
         max_message_bytes: int = constants.DEFAULT_MAX_MESSAGE_BYTES,
         tls_ca: str | None = None,
         tune_malloc: bool = True,
+        stream: bool = True,
     ):
         if tune_malloc:
             memory.tune_malloc()
         self.addresses = list(addresses)
+        self._token = token
+        self._max_message_bytes = max_message_bytes
+        #: Whether data-plane calls may use the tasks' stream transport (never with TLS).
+        self.stream = bool(stream) and not tls_ca
+        self._routes = [_StreamRoute() for _ in self.addresses]
         self.rpc_timeout_s = rpc_timeout_s
         self.tls_ca = tls_ca
         self._metadata = token_metadata(token)
@@ -210,12 +271,88 @@ class PSClient:
 
     def _call_one(self, ps: int, method: str, meta, tensors, timeout: float) -> Response | Exception:
         """One blocking call; returns (not raises) its translated error."""
+        if self.stream and method in STREAM_METHODS:
+            outcome = self._call_stream(ps, method, meta, tensors, timeout)
+            if outcome is not _USE_GRPC:
+                return outcome
         payload = wire.encode(meta, tensors)
         try:
             reply = self._stubs[ps][method](payload, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             return self._translate(e, ps, method, timeout)
         return wire.decode(reply)
+
+    def _call_stream(self, ps: int, method: str, meta, tensors, timeout: float) -> Response | Exception | object:
+        """One call over the task's stream transport; ``_USE_GRPC`` when the task is to be called over gRPC."""
+        chunks = wire.encode_chunks(meta, tensors)  # (a message that cannot be encoded raises, as over gRPC)
+        deadline = time.monotonic() + timeout
+        route = self._routes[ps]
+        conn = route.take()
+        if conn is None:
+            conn = self._connect(ps, deadline, timeout)
+            if not isinstance(conn, StreamConnection):
+                return conn
+        try:
+            body = conn.call(method, chunks, max(deadline - time.monotonic(), 1e-3))
+        except StreamStatusError as e:
+            return self._translate_status(e.code, e.details, ps, method, timeout)
+        except (socket.timeout, TimeoutError):
+            return self._translate_status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", ps, method, timeout)
+        except OSError as e:  # reset, refused, closed: the task died or restarted (a new port, maybe)
+            route.forget()
+            return self._translate_status(grpc.StatusCode.UNAVAILABLE, f"stream connection lost: {e}", ps, method,
+                                          timeout)
+        route.give_back(conn)
+        return wire.decode(body)
+
+    def _connect(self, ps: int, deadline: float, timeout: float) -> StreamConnection | Exception | object:
+        """A new stream connection to task ``ps``; its port learnt (again) from ``Status`` when needed."""
+        route = self._routes[ps]
+        host = self.addresses[ps].rsplit(":", 1)[0]
+        for _ in range(2):
+            with route.lock:
+                port, learnt = route.port, False
+                if port is None and time.monotonic() >= route.retry_at:
+                    port = route.port = _UNKNOWN
+            if port is _UNKNOWN:
+                port = self._learn_stream_port(ps, deadline, timeout)
+                if isinstance(port, Exception):
+                    return port
+                with route.lock:
+                    route.port, learnt = port, True
+            if port is None:
+                return _USE_GRPC
+            try:
+                conn = StreamConnection(host, port, self._token,
+                                        max(min(deadline - time.monotonic(), _STREAM_CONNECT_S), 1e-3),
+                                        self._max_message_bytes)
+                route.retry_after = _STREAM_RETRY_S
+                return conn
+            except StreamStatusError as e:  # refused at the hello (the token)
+                return self._translate_status(e.code, e.details, ps, "Hello", timeout)
+            except OSError as e:
+                if learnt:  # just offered, yet not reachable from here (a firewall?): gRPC for a while
+                    logger.warning("ps:%d at %s offers its data plane on port %d, which cannot be reached from here "
+                                   "(%s); its calls use gRPC (tried again in %.0f s; set ps.transport: grpc to "
+                                   "never try)", ps, self.addresses[ps], port, e, route.retry_after)
+                    with route.lock:
+                        route.port, route.retry_at = None, time.monotonic() + route.retry_after
+                        route.retry_after = min(2 * route.retry_after, _STREAM_RETRY_MAX_S)
+                    return _USE_GRPC
+                route.forget()  # a port from before: the task may have restarted; learn it again
+        return _USE_GRPC
+
+    def _learn_stream_port(self, ps: int, deadline: float, timeout: float) -> int | None | Exception:
+        """The task's stream port from its brief ``Status`` (``None``: it offers none)."""
+        meta, tensors = StatusRequest(brief=True).to_wire()
+        try:
+            reply = self._stubs[ps]["Status"](wire.encode(meta, tensors),
+                                              timeout=max(min(deadline - time.monotonic(), 5.0), 1e-3),
+                                              metadata=self._metadata)
+        except grpc.RpcError as e:
+            return self._translate(e, ps, "Status", timeout)
+        port = wire.decode(reply)[0].get("stream_port")
+        return port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 else None
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
@@ -230,7 +367,11 @@ class PSClient:
         return self.call_many(method, {i: (meta, {}) for i in range(self.num_ps)}, timeout, parallel=parallel)
 
     def _translate(self, e: grpc.RpcError, ps: int, method: str, timeout: float) -> Exception:
-        code, details = e.code(), e.details()
+        return self._translate_status(e.code(), e.details(), ps, method, timeout)
+
+    def _translate_status(self, code: grpc.StatusCode, details: str | None, ps: int, method: str, timeout: float
+                          ) -> Exception:
+        """The tfdist error for a call's status (gRPC's, or the stream transport's: the same codes)."""
         where = f"ps:{ps} at {self.addresses[ps]}"
         if code == grpc.StatusCode.UNAUTHENTICATED:
             return AuthError(f"{details} ({where})")
@@ -257,6 +398,8 @@ class PSClient:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False)
+        for route in self._routes:
+            route.forget()
         for ch in self._channels:
             ch.close()
 

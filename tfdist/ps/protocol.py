@@ -504,6 +504,10 @@ _REQUESTS: dict[str, Callable[[_Fields, Mapping[str, np.ndarray]], Any]] = {
 #: Methods of :data:`SERVICE` (every request and reply is a :mod:`tfdist.wire` message).
 METHODS = tuple(_REQUESTS)
 
+#: The data plane: the methods a worker sends every step, carried by the lean transport
+#: (:mod:`tfdist.stream_service`) where the PS offers it; the others always travel over gRPC.
+STREAM_METHODS = ("Pull", "Push", "PushPull", "PushGradients", "PutState", "Lookup", "PushRows", "WriteRows")
+
 _METHOD_OF = {parser.__self__: name for name, parser in _REQUESTS.items()}
 
 

@@ -371,7 +371,7 @@ class StatusReply:
             raise ProtocolError(f"StatusReply: a reply's meta must be an object. Received: {short(meta)}.")
         for name, kind in (("initialized", "bool"), ("incarnation", "int"), ("done_workers", "ints"),
                            ("live_workers", "ints"), ("progress", "int"), ("global_step", "int"),
-                           ("state_step", "int"), ("restored_from", "opt_int")):
+                           ("state_step", "int"), ("restored_from", "opt_int"), ("stream_port", "opt_int")):
             _check("StatusReply", name, meta.get(name), kind)
         return cls(dict(meta))
 

@@ -45,11 +45,12 @@ import numpy as np
 from tfdist import constants
 from tfdist.consistency.base import ConsistencyPolicy
 from tfdist.grpc_service import WireService
+from tfdist.stream_service import StreamService
 from tfdist import wire
 from tfdist.ps import memory, protocol, replies
 from tfdist.ps.checkpoint import CheckpointError
 from tfdist.ps.checkpointer import ShardCheckpointer
-from tfdist.ps.protocol import METHODS, SERVICE
+from tfdist.ps.protocol import METHODS, SERVICE, STREAM_METHODS
 from tfdist.ps.store import ParameterStore
 
 __all__ = ["PSServer", "ParameterService", "SERVICE", "METHODS", "load_tls_server_credentials"]
@@ -99,6 +100,8 @@ class ParameterService:
         self.rejected: dict[str, int] = {}
         self._lock = threading.Lock()
         self._rpcs = {name: getattr(self, f"_rpc_{name}") for name in METHODS}
+        #: The port of this task's :mod:`~tfdist.stream_service` (set by :class:`PSServer`); ``None``: gRPC only.
+        self.stream_port: int | None = None
 
     def handle(self, method: str, meta: Any, tensors: Mapping[str, np.ndarray], budget: float | None = None,
                cancelled: Callable[[], bool] = lambda: False):
@@ -236,7 +239,7 @@ class ParameterService:
             status["stats"]["rejected"] = sum(self.rejected.values())
         if self.checkpointer is not None:
             status["checkpoint"] = self.checkpointer.describe()
-        return replies.StatusReply({**status, "task_index": self.task_index})
+        return replies.StatusReply({**status, "task_index": self.task_index, "stream_port": self.stream_port})
 
     def _rpc_Done(self, req: protocol.DoneRequest, budget, cancelled):
         done = self.store.mark_done(req.worker)
@@ -325,6 +328,7 @@ class PSServer:
         checkpoint_keep: int = 3,
         num_ps: int = 1,
         starting_workers: int | None = None,
+        stream: bool = True,
     ):
         if tune_malloc:
             memory.tune_malloc()
@@ -364,16 +368,28 @@ class PSServer:
         self.port = self._service.port
         self.host = host
         self.address = self._service.address
+        #: The data plane's lean transport (:mod:`tfdist.stream_service`): none with TLS (gRPC carries all).
+        self._stream = None
+        if stream and tls_credentials is None:
+            self._stream = StreamService(
+                {name: handlers[name] for name in STREAM_METHODS}, what=f"parameter server ps:{task_index}",
+                token=token, how_to_fix_token=f"set {constants.ENV_TOKEN} (or security.token) to this job's token",
+                host=host, max_message_bytes=max_message_bytes, on_malformed=self.service.count_refused,
+                max_connections=max(64, 4 * slots))
+            self.service.stream_port = self._stream.port
 
     # --------------------------------------------------------------- control
     def start(self) -> "PSServer":
         if self.checkpointer is not None:
             self.checkpointer.start()
         self._service.start()
+        if self._stream is not None:
+            self._stream.start()
         logger.info(
-            "ps:%d serving on %s (policy=%s, workers=%s, max_message_bytes=%d, auth=%s)",
+            "ps:%d serving on %s%s (policy=%s, workers=%s, max_message_bytes=%d, auth=%s)",
             self.task_index,
             self._service.listen_description,
+            f", data plane also on port {self._stream.port}" if self._stream is not None else "",
             self.store.policy.name if self.store.policy else "chosen by the chief",
             self.store.num_workers if self.store.num_workers is not None else "from the chief",
             self.max_message_bytes,
@@ -394,6 +410,8 @@ class PSServer:
         if self.checkpointer is not None:
             self.checkpointer.close(final=final_checkpoint)
         self.store.close()
+        if self._stream is not None:
+            self._stream.stop(grace)
         self._service.stop(grace)
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -202,6 +202,7 @@ class PSRuntime(RuntimeTables):
                 max_message_bytes=self.config.ps.max_message_bytes,
                 tls_ca=self.config.security.tls_ca,
                 tune_malloc=self.config.ps.tune_malloc,
+                stream=self.config.ps.transport == "auto",
             )
             session = self._new_session(
                 client, self.specs, self.plan, self.worker_id, self.is_chief,

@@ -1,0 +1,261 @@
+"""The data plane's lean transport (tfdist.stream_service) between a real PS server and client, over TCP.
+
+A PS task serves its data-plane methods (pulls, pushes, row lookups) on a
+second port it announces in ``Status``; a worker's client learns it, keeps
+connections, learns it again when the task restarts elsewhere, and falls
+back to gRPC where the port cannot be reached. The stream keeps gRPC's
+guarantees: a token before any body, sizes before memory, the same errors,
+and a refused request changes nothing (property-based below).
+"""
+
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tfdist import wire
+from tfdist.errors import AuthError, PSRejectedError, PSUnavailableError
+from tfdist.ps.client import PSClient
+from tfdist.ps.placement import RoundRobinPlacement, VariableSpec
+from tfdist.ps.protocol import STREAM_METHODS, StatusRequest
+from tfdist.ps.server import PSServer
+from tfdist.ps.session import WorkerSession
+from tfdist.stream_service import StreamService
+
+TOKEN = "stream-token-0123"
+SPECS = [VariableSpec("0000/w", "float32", (64, 32)), VariableSpec("0001/b", "float32", (32,))]
+
+
+def _values(seed=0):
+    rng = np.random.default_rng(seed)
+    return {s.key: rng.standard_normal(s.shape).astype("float32") for s in SPECS}
+
+
+def _session(client, worker=0, chief=True):
+    plan = RoundRobinPlacement().place(SPECS, client.num_ps)
+    return WorkerSession(client, SPECS, plan, worker, chief, startup_timeout_s=10.0, heartbeat_interval_s=None,
+                         num_workers=1)
+
+
+@pytest.fixture
+def server():
+    srv = PSServer(None, token=TOKEN, num_workers=1, max_message_bytes=1 << 20).start()
+    yield srv
+    srv.stop(0)
+
+
+def _grpc_state(srv):
+    """The task's values and version, read over gRPC only."""
+    with PSClient([srv.address], TOKEN, stream=False) as c:
+        meta, tensors = c.call(0, "Pull", {"worker": -1})
+    return meta["version"], {k: v.copy() for k, v in tensors.items()}
+
+
+def _assert_same(a, b):
+    assert a[0] == b[0]
+    assert a[1].keys() == b[1].keys()
+    for k in a[1]:
+        np.testing.assert_array_equal(a[1][k], b[1][k])
+
+
+def _hello(port, token=TOKEN):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    secret = token.encode()
+    sock.sendall(struct.pack("<4sBH", b"TFDH", 1, len(secret)) + secret)
+    magic, status, length = struct.unpack("<4sBI", _recv(sock, 9))
+    assert magic == b"TFDA"
+    return sock, status, _recv(sock, length).decode()
+
+
+def _recv(sock, n):
+    """Up to ``n`` bytes; fewer when the server closed the connection (a reset counts as closed)."""
+    out = b""
+    while len(out) < n:
+        try:
+            chunk = sock.recv(n - len(out))
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def test_the_data_plane_travels_over_the_stream_and_trains_as_grpc_does(server):
+    """A session's init, push-pull and pull: the data calls use the stream (connections kept), values alike."""
+    assert server.service.stream_port and set(STREAM_METHODS) <= set(server._stream._handlers)
+    with PSClient([server.address], TOKEN) as client:
+        assert client.request(0, StatusRequest(brief=True)).fields["stream_port"] == server.service.stream_port
+        session = _session(client)
+        values = _values()
+        assert session.initialize(values) is None
+        initial_version = _grpc_state(server)[0]
+        current = {k: v + 1.0 for k, v in values.items()}
+        fresh = session.sync(current)
+        assert client._routes[0].port == server.service.stream_port and client._routes[0].idle  # kept for reuse
+        for k in values:
+            np.testing.assert_allclose(fresh[k], current[k])
+        version, stored = _grpc_state(server)  # what the stream pushed is what gRPC reads
+        for k in values:
+            np.testing.assert_allclose(stored[k], current[k])
+        assert version == initial_version + 1
+
+
+def test_transport_grpc_offers_and_uses_no_stream():
+    srv = PSServer(None, token=TOKEN, num_workers=1, stream=False).start()
+    try:
+        with PSClient([srv.address], TOKEN) as client:
+            assert client.request(0, StatusRequest(brief=True)).fields["stream_port"] is None
+            session = _session(client)
+            session.initialize(_values())
+            session.sync({k: v * 2 for k, v in _values().items()})
+            assert client._routes[0].port is None and not client._routes[0].idle
+    finally:
+        srv.stop(0)
+
+
+def test_a_wrong_or_missing_token_is_refused_at_the_hello_and_changes_nothing(server):
+    with PSClient([server.address], TOKEN) as good:
+        _session(good).initialize(_values())
+    before = _grpc_state(server)
+    for token in ("wrong-token-000000", ""):
+        sock, status, message = _hello(server.service.stream_port, token)
+        assert status != 0 and "token" in message
+        try:  # the server closed the connection: a request after the refusal is never read
+            sock.sendall(struct.pack("<4sHdQ", b"TFDQ", 4, 0.0, 8) + b"Push" + b"\0" * 8)
+            assert _recv(sock, 1) == b""
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        sock.close()
+    # A client with the wrong token: its data calls are refused alike (the hello), as over gRPC.
+    with PSClient([server.address], "wrong-token-000000") as bad:
+        bad._routes[0].port = server.service.stream_port  # (its Status over gRPC would be refused first)
+        with pytest.raises(AuthError, match="token"):
+            bad.call(0, "Push", {"worker": 0, "clock": 1}, {"0000/w": np.ones((64, 32), np.float32)})
+    _assert_same(before, _grpc_state(server))
+
+
+def test_an_oversize_request_is_refused_before_its_body_and_the_server_goes_on(server):
+    with PSClient([server.address], TOKEN) as client:
+        _session(client).initialize(_values())
+        before = _grpc_state(server)
+        with pytest.raises(PSRejectedError, match="larger than max"):
+            client.call(0, "Push", {"worker": 0, "clock": 1}, {"0000/w": np.zeros((512, 1024), np.float32)})
+        _assert_same(before, _grpc_state(server))
+        meta, _ = client.call(0, "Pull", {"worker": -1})  # a new connection, served
+        assert meta["version"] == before[0]
+
+
+def test_a_silent_connection_is_closed_after_the_hello_timeout():
+    service = StreamService({}, what="test", token=TOKEN, how_to_fix_token="x", max_message_bytes=1024,
+                            hello_timeout_s=0.3)
+    service.start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", service.port), timeout=5)
+        start = time.monotonic()
+        assert _recv(sock, 1) == b""  # closed by the server, without a word from us
+        assert time.monotonic() - start < 4
+        sock.close()
+    finally:
+        service.stop(0)
+
+
+def test_connections_beyond_the_limit_are_closed():
+    service = StreamService({}, what="test", token=None, how_to_fix_token="x", max_message_bytes=1024,
+                            max_connections=2)
+    service.start()
+    try:
+        held = [_hello(service.port, "")[0] for _ in range(2)]
+        extra = socket.create_connection(("127.0.0.1", service.port), timeout=5)
+        assert _recv(extra, 1) == b""
+        for sock in (*held, extra):
+            sock.close()
+    finally:
+        service.stop(0)
+
+
+def test_a_restarted_task_is_found_on_its_new_stream_port(server):
+    """The task restarts (same gRPC port, new stream port): the first call fails as a lost task, the next
+    learns the new port."""
+    port = server.port
+    with PSClient([server.address], TOKEN) as client:
+        _session(client).initialize(_values())
+        client.call(0, "Pull", {"worker": -1})
+        old_stream = client._routes[0].port
+        server.stop(0)
+        again = PSServer(None, token=TOKEN, num_workers=1, port=port).start()
+        try:
+            assert again.service.stream_port != old_stream
+            with pytest.raises(PSUnavailableError):
+                client.call(0, "Pull", {"worker": -1})
+            with PSClient([again.address], TOKEN) as chief:
+                _session(chief).initialize(_values(1))
+            meta, tensors = client.call(0, "Pull", {"worker": -1})
+            assert client._routes[0].port == again.service.stream_port
+            np.testing.assert_array_equal(tensors["0000/w"], _values(1)["0000/w"])
+        finally:
+            again.stop(0)
+
+
+def test_a_stream_port_that_cannot_be_reached_falls_back_to_grpc(server, caplog):
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        closed_port = unused.getsockname()[1]
+    server.service.stream_port = closed_port  # announced, but nothing listens there
+    with PSClient([server.address], TOKEN) as client:
+        session = _session(client)
+        session.initialize(_values())
+        fresh = session.sync({k: v + 2 for k, v in _values().items()})
+        np.testing.assert_allclose(fresh["0001/b"], _values()["0001/b"] + 2)
+        assert client._routes[0].port is None and "cannot be reached" in caplog.text
+
+
+_METAS = st.dictionaries(st.sampled_from(["worker", "clock", "steps", "loss", "incarnation", "key", "x"]),
+                         st.one_of(st.integers(-3, 3), st.none(), st.text(max_size=3)), max_size=5)
+
+
+def _framed(method, meta, rows):
+    body = wire.encode(meta, {"0000/w": np.ones((rows, 32), np.float32)})
+    return struct.pack("<4sHdQ", b"TFDQ", len(method), 5.0, len(body)) + method.encode() + body
+
+
+_FRAME_PARTS = st.one_of(
+    st.binary(max_size=64),
+    st.builds(lambda m, t, n: struct.pack("<4sHdQ", b"TFDQ", len(m), t, n) + m,
+              st.sampled_from([b"Push", b"PushPull", b"Pull", b"Nope", b"", b"Init"]),
+              st.floats(allow_nan=True, allow_infinity=True), st.integers(0, 1 << 40)),
+    st.builds(lambda meta: wire.encode(meta, {"0000/w": np.ones((64, 32), np.float32)}), _METAS),
+    st.builds(_framed, st.sampled_from(["Push", "PushPull", "PushRows", "Lookup"]), _METAS,
+              st.sampled_from([1, 63, 65])),  # well framed, always refused: no shape fits the variable
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(_FRAME_PARTS, min_size=1, max_size=4))
+def test_any_bytes_after_a_valid_hello_change_nothing_and_the_server_goes_on(server, parts):
+    """Whatever an authenticated caller sends (frames, garbage, lies about lengths), the task's values and
+    version stay, and it serves the next client."""
+    with PSClient([server.address], TOKEN, stream=False) as c:
+        if not c.call(0, "Status", {"brief": True})[0]["initialized"]:
+            _session(c).initialize(_values())
+    before = _grpc_state(server)
+    sock, status, _ = _hello(server.service.stream_port)
+    assert status == 0
+    sock.settimeout(2.0)
+    try:
+        for part in parts:
+            sock.sendall(part)
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(1 << 16):  # replies, if any, until the server closes
+            pass
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    _assert_same(before, _grpc_state(server))
+    with PSClient([server.address], TOKEN) as client:
+        assert client.call(0, "Pull", {"worker": -1})[0]["version"] == before[0]

@@ -1,0 +1,422 @@
+"""A lean transport for the parameter servers' data plane: wire messages over one TCP connection per call.
+
+gRPC's Python client and server cost about 2 ms of CPU on each side for a
+round trip of 0.5 MiB each way on this project's 2-core machine (HTTP/2
+framing, copies into and out of its buffers, its polling threads); a plain
+TCP connection carrying the same :mod:`tfdist.wire` messages costs about a
+fifth of that (``benchmarks/ps_throughput.py``, docs/benchmarks.md). A
+training step sends such a round trip to every PS task, so the exchange of
+a dense model spends most of its CPU there.
+
+A :class:`StreamService` serves the same handlers as a
+:class:`~tfdist.grpc_service.WireService` (``handler(meta, tensors, context)``,
+the context answering ``time_remaining()`` and ``is_active()``), with the same
+guarantees:
+
+* **Authentication before any body.** A connection starts with a hello that
+  carries the job token, compared in constant time; a wrong or missing token
+  is answered ``UNAUTHENTICATED`` and the connection closed before any
+  request is read. A hello must arrive within ``hello_timeout_s``.
+* **Sizes checked before memory is taken.** A request declares its method
+  and its length first: an unknown method or a length over
+  ``max_message_bytes`` is refused (and the connection closed) without
+  reading the body.
+* **The same error mapping** (:func:`~tfdist.grpc_service.error_status`): a
+  refused request gets the gRPC status code and message it would get over
+  gRPC, so clients translate both alike.
+* Bounded resources: at most ``max_connections`` connections (one thread
+  each); more are closed at once.
+
+Frames (little-endian). Hello: ``b"TFDH"``, version (u8), token length (u16),
+token; answered ``b"TFDA"``, status (u8, 0 = accepted), message length (u32),
+message. Request: ``b"TFDQ"``, method name length (u16), the caller's
+deadline in seconds (f64, 0 = none), body length (u64), method name, body (a
+wire message). Reply: ``b"TFDR"``, status (u8: 0 = OK, else a
+``grpc.StatusCode`` number), body length (u64), body (a wire message, or the
+error's UTF-8 text). One call at a time per connection; a client keeps a few
+connections per server and opens another when all are busy.
+
+There is no TLS on this transport: a job with TLS keeps every call on gRPC
+(:class:`~tfdist.ps.client.PSClient` and :class:`~tfdist.ps.server.PSServer`
+decide that). Importing this module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+import struct
+import threading
+import time
+from typing import Callable, Mapping, Sequence
+
+import grpc
+
+from tfdist import wire
+from tfdist.errors import WireFormatError
+from tfdist.grpc_service import error_status
+
+__all__ = ["StreamService", "StreamConnection", "StreamStatusError", "VERSION"]
+
+logger = logging.getLogger(__name__)
+
+VERSION = 1
+_HELLO = struct.Struct("<4sBH")
+_HELLO_ACK = struct.Struct("<4sBI")
+_REQUEST = struct.Struct("<4sHdQ")
+_REPLY = struct.Struct("<4sBQ")
+_MAX_METHOD = 64
+_MAX_TOKEN = 4096
+#: Buffers per ``sendmsg`` (Linux's IOV_MAX is 1024).
+_MAX_IOV = 512
+#: How long a refused request's body is read and dropped before the connection closes.
+_DRAIN_S = 5.0
+_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class StreamStatusError(Exception):
+    """A call refused by the server: its gRPC status code and message."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code, self.details = code, details
+
+
+# ------------------------------------------------------------------ framing
+def _recv_exact(sock: socket.socket, n: int) -> bytearray | None:
+    """``n`` bytes, or ``None`` if the peer closed the connection before the first one."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            if got == 0:
+                return None
+            raise ConnectionError(f"the peer closed the connection after {got} of {n} bytes")
+        got += k
+    return buf
+
+
+def _send_all(sock: socket.socket, chunks: Sequence[bytes | memoryview]) -> None:
+    """Sends every chunk in order with as few system calls as the kernel allows (no copy into one buffer)."""
+    pending = [memoryview(c).cast("B") for c in chunks if len(c)]
+    while pending:
+        sent = sock.sendmsg(pending[:_MAX_IOV])
+        while sent:
+            first = pending[0]
+            if sent >= len(first):
+                sent -= len(first)
+                pending.pop(0)
+            else:
+                pending[0] = first[sent:]
+                sent = 0
+
+
+def _status_frame(code: grpc.StatusCode, details: str) -> list[bytes]:
+    text = details.encode("utf-8", "replace")
+    return [_REPLY.pack(b"TFDR", code.value[0], len(text)), text]
+
+
+# ------------------------------------------------------------------- server
+class _Context:
+    """What a handler asks of its call (the part of ``grpc.ServicerContext`` tfdist's handlers use)."""
+
+    __slots__ = ("_deadline", "_sock")
+
+    def __init__(self, deadline: float | None, sock: socket.socket):
+        self._deadline, self._sock = deadline, sock
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+
+    def is_active(self) -> bool:
+        """False once the caller closed the connection (it gave up: deadline, or it died)."""
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+
+class StreamService:
+    """Serves wire-message handlers over plain TCP connections (see the module's docstring).
+
+    Args:
+        handlers: Method name → ``handler(meta, tensors, context)`` returning
+            ``(meta, tensors)`` or already-encoded bytes.
+        what: What the server is, for messages ("parameter server ps:0").
+        token: The job token every connection must present; ``None``: no check.
+        how_to_fix_token: Where a client gets the token, for the refusal message.
+        host: Interface to bind (``"[::]"``/``"0.0.0.0"``: every interface).
+        max_message_bytes: Largest request accepted.
+        errors: Extra ``(exception type, grpc.StatusCode)`` pairs, as for
+            :class:`~tfdist.grpc_service.WireService`.
+        on_malformed: Called with the method name when a request is not a
+            valid wire message.
+        max_connections: Connections served at once (a thread each).
+        hello_timeout_s: How long a new connection has to authenticate.
+    """
+
+    def __init__(self, handlers: Mapping[str, Callable], *, what: str, token: str | None, how_to_fix_token: str,
+                 host: str = "127.0.0.1", max_message_bytes: int,
+                 errors: Sequence[tuple[type, grpc.StatusCode]] = (),
+                 on_malformed: Callable[[str], None] | None = None, max_connections: int = 64,
+                 hello_timeout_s: float = 10.0):
+        self.what = what
+        self._handlers = dict(handlers)
+        self._token = token.encode() if token else None
+        self._how_to_fix_token = how_to_fix_token
+        self._max_message_bytes = int(max_message_bytes)
+        self._errors = tuple(errors)
+        self._on_malformed = on_malformed
+        self._max_connections = int(max_connections)
+        self._hello_timeout_s = float(hello_timeout_s)
+        self._listener = _listen(host)
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._busy = 0
+        self._idle = threading.Condition(self._lock)
+        self._stopped = threading.Event()
+        self._accept_thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="tfdist-stream-accept", daemon=True)
+        self._accept_thread.start()
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stops accepting; calls being handled get ``grace`` seconds, then every connection is closed."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        deadline = time.monotonic() + (grace or 0.0)
+        with self._lock:
+            while self._busy and time.monotonic() < deadline:
+                self._idle.wait(max(deadline - time.monotonic(), 0.0))
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    # --------------------------------------------------------------- serving
+    def _accept_loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                if self._stopped.is_set():
+                    return
+                time.sleep(0.05)  # (EMFILE and the like: try again, not in a tight loop)
+                continue
+            with self._lock:
+                full = len(self._connections) >= self._max_connections
+                if not full:
+                    self._connections.add(conn)
+            if full:
+                logger.warning("%s: %d stream connections already open; refusing another", self.what,
+                               self._max_connections)
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="tfdist-stream", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(self._hello_timeout_s)
+            if not self._hello(conn):
+                return
+            conn.settimeout(None)
+            while not self._stopped.is_set():
+                if not self._one_call(conn):
+                    return
+        except (OSError, ConnectionError):  # the caller went away (or the server is stopping)
+            pass
+        finally:
+            with self._lock:
+                self._connections.discard(conn)
+            conn.close()
+
+    def _hello(self, conn: socket.socket) -> bool:
+        head = _recv_exact(conn, _HELLO.size)
+        if head is None:
+            return False
+        magic, version, token_len = _HELLO.unpack(head)
+        if magic != b"TFDH" or version != VERSION or token_len > _MAX_TOKEN:
+            self._ack(conn, grpc.StatusCode.FAILED_PRECONDITION,
+                      f"{self.what}: not a tfdist stream hello of version {VERSION} (is the client the same "
+                      "tfdist version?)")
+            return False
+        presented = bytes(_recv_exact(conn, token_len) or b"") if token_len else None
+        if self._token is not None:
+            if presented is None:
+                self._ack(conn, grpc.StatusCode.UNAUTHENTICATED, f"No job token presented to {self.what}. Every "
+                          f"client must send the job's token: {self._how_to_fix_token}.")
+                return False
+            if not hmac.compare_digest(presented, self._token):
+                self._ack(conn, grpc.StatusCode.UNAUTHENTICATED,
+                          f"Wrong job token for {self.what}. {self._how_to_fix_token}.")
+                return False
+        self._ack(conn, None, "")
+        return True
+
+    @staticmethod
+    def _ack(conn: socket.socket, code: grpc.StatusCode | None, message: str) -> None:
+        text = message.encode("utf-8", "replace")
+        _send_all(conn, [_HELLO_ACK.pack(b"TFDA", 0 if code is None else code.value[0], len(text)), text])
+
+    def _one_call(self, conn: socket.socket) -> bool:
+        """Reads, handles and answers one request; False when the connection is done."""
+        head = _recv_exact(conn, _REQUEST.size)
+        if head is None:
+            return False
+        magic, method_len, timeout, body_len = _REQUEST.unpack(head)
+        if magic != b"TFDQ" or method_len > _MAX_METHOD or not timeout >= 0:
+            _send_all(conn, _status_frame(grpc.StatusCode.INVALID_ARGUMENT,
+                                          f"{self.what}: not a tfdist stream request frame"))
+            return False
+        method = bytes(_recv_exact(conn, method_len) or b"").decode("ascii", "replace")
+        handler = self._handlers.get(method)
+        if handler is None:
+            return self._refuse(conn, body_len, grpc.StatusCode.UNIMPLEMENTED, f"{self.what} has no method {method!r}")
+        if body_len > self._max_message_bytes:
+            return self._refuse(conn, body_len, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"Received message larger than max ({body_len} vs. {self._max_message_bytes})")
+        body = _recv_exact(conn, body_len) if body_len else bytearray()
+        if body is None:
+            return False
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        with self._lock:
+            self._busy += 1
+        try:
+            frame = self._handle(method, handler, body, _Context(deadline, conn))
+        finally:
+            with self._lock:
+                self._busy -= 1
+                self._idle.notify_all()
+        _send_all(conn, frame)
+        return True
+
+    def _refuse(self, conn: socket.socket, body_len: int, code: grpc.StatusCode, details: str) -> bool:
+        """Answers a request refused before its body is read, then closes the connection.
+
+        The body is read into a small scratch buffer and dropped (for at most
+        :data:`_DRAIN_S`) so that the client, still sending it, reads the
+        refusal instead of a reset connection. Returns False.
+        """
+        _send_all(conn, _status_frame(code, details))
+        scratch = memoryview(bytearray(1 << 16))
+        deadline = time.monotonic() + _DRAIN_S
+        try:
+            while body_len > 0 and time.monotonic() < deadline:
+                conn.settimeout(max(deadline - time.monotonic(), 1e-3))
+                k = conn.recv_into(scratch[:min(body_len, len(scratch))])
+                if k == 0:
+                    break
+                body_len -= k
+        except OSError:
+            pass
+        return False
+
+    def _handle(self, name: str, handler: Callable, body: bytearray, context: _Context) -> list:
+        try:
+            meta, tensors = wire.decode(body)
+            result = handler(meta, tensors, context)
+            chunks = [result] if isinstance(result, bytes) else wire.encode_chunks(*result)
+        except WireFormatError as e:
+            if self._on_malformed is not None:
+                self._on_malformed(name)
+            return _status_frame(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {e}")
+        except Exception as e:  # noqa: BLE001 -- every failure becomes a status the caller can read
+            return _status_frame(*error_status(self.what, name, e, self._errors))
+        return [_REPLY.pack(b"TFDR", 0, sum(len(c) for c in chunks)), *chunks]
+
+
+def _listen(host: str) -> socket.socket:
+    """A listening TCP socket on ``host`` (a free port); ``[::]``/``0.0.0.0``/``""``: every interface."""
+    host = host.strip("[]")
+    if host in ("", "::", "0.0.0.0"):
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", 0))
+        except OSError:  # no IPv6 here
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("0.0.0.0", 0))
+    else:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.bind((host, 0))
+    sock.listen(64)
+    return sock
+
+
+# ------------------------------------------------------------------- client
+class StreamConnection:
+    """One authenticated connection to a :class:`StreamService`; one call at a time.
+
+    Raises (from the constructor and :meth:`call`): ``OSError`` (and its
+    ``ConnectionError``/``TimeoutError``) when the connection fails;
+    :class:`StreamStatusError` when the server refuses the hello or a call.
+    After any exception the connection is closed and must not be used again.
+    """
+
+    def __init__(self, host: str, port: int, token: str | None, timeout: float, max_message_bytes: int):
+        self._max_message_bytes = int(max_message_bytes)
+        self.closed = False
+        self._sock = socket.create_connection((host.strip("[]"), port), timeout=timeout)
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            secret = token.encode() if token else b""
+            _send_all(self._sock, [_HELLO.pack(b"TFDH", VERSION, len(secret)), secret])
+            head = self._recv(_HELLO_ACK.size)
+            magic, status, length = _HELLO_ACK.unpack(head)
+            if magic != b"TFDA" or length > 1 << 16:
+                raise ConnectionError("not a tfdist stream service")
+            message = bytes(self._recv(length)).decode("utf-8", "replace") if length else ""
+            if status:
+                raise StreamStatusError(_STATUS_BY_NUMBER.get(status, grpc.StatusCode.UNKNOWN), message)
+        except BaseException:
+            self.close()
+            raise
+
+    def _recv(self, n: int) -> bytearray:
+        data = _recv_exact(self._sock, n)
+        if data is None:
+            raise ConnectionError("the server closed the connection")
+        return data
+
+    def call(self, method: str, chunks: Sequence[bytes | memoryview], timeout: float | None) -> bytearray:
+        """Sends one request (the chunks of a wire message) and returns the reply's body."""
+        try:
+            name = method.encode("ascii")
+            self._sock.settimeout(timeout)
+            _send_all(self._sock, [_REQUEST.pack(b"TFDQ", len(name), float(timeout or 0.0),
+                                                 sum(len(c) for c in chunks)), name, *chunks])
+            magic, status, length = _REPLY.unpack(self._recv(_REPLY.size))
+            if magic != b"TFDR" or length > max(self._max_message_bytes, 1 << 20):
+                raise ConnectionError("the server's reply is not a tfdist stream frame")
+            body = self._recv(length) if length else bytearray()
+        except BaseException:
+            self.close()
+            raise
+        if status:
+            self.close()  # (the server may close after a refusal: never reuse the connection)
+            raise StreamStatusError(_STATUS_BY_NUMBER.get(status, grpc.StatusCode.UNKNOWN),
+                                    bytes(body).decode("utf-8", "replace"))
+        return body
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._sock.close()
+
