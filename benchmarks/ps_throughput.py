@@ -70,7 +70,7 @@ DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 SECTION = "parameter-server"  # the marked section of docs/benchmarks.md this script rewrites
 
 CONFIGS = ("plain", "tfdist_single", "tf_onedevice", "tfdist_1w1ps", "tfdist_2w2ps", "mwms", "tf_pss", "mwms_split",
-           "tfdist_2w2ps_k4", "tfdist_2w2ps_auto", "tf_pss_spe10")
+           "tfdist_2w2ps_k4", "tfdist_2w2ps_auto", "tf_pss_spe10", "tfdist_2w2ps_grpc", "tfdist_2w2ps_defaults")
 #: strategy.exchange_every of the tfdist_2w2ps_k4 row.
 EXCHANGE_EVERY = 4
 #: steps_per_execution of the tf_pss_spe10 row: TF PSS's best measured on this machine (issue #23: 10,600
@@ -87,6 +87,9 @@ CONFIG_LABELS = {
     "mwms_split": "reference: TF MWMS, 2 workers, with the intra-op thread split tfdist's local launch applies",
     "tfdist_2w2ps_k4": "tfdist PS (async, `exchange_every: 4`), 2 workers + 2 PS",
     "tfdist_2w2ps_auto": "tfdist PS (async, `exchange_every: auto`), 2 workers + 2 PS",
+    "tfdist_2w2ps_grpc": "tfdist PS (async), 2 workers + 2 PS, every call over gRPC (`ps.transport: grpc`)",
+    "tfdist_2w2ps_defaults": "tfdist PS (async), 2 workers + 2 PS, the library's defaults (round-robin placement, "
+                             "no partitioning), whatever --placement says",
     "tf_pss_spe10": f"TF ParameterServerStrategy, 2 workers + 1 PS + coordinator (tf-keras), "
                     f"`steps_per_execution={TF_PSS_SPE}`",
 }
@@ -284,13 +287,15 @@ def run_plain(model, warmup, steps, children, log_dir, timeout, mode="plain"):
     return {**_aggregate([r]), "params": r["params"]}
 
 
-def run_tfdist(model, n, warmup, steps, log_dir, timeout, placement, partition_threshold_bytes, exchange_every=1):
+def run_tfdist(model, n, warmup, steps, log_dir, timeout, placement, partition_threshold_bytes, exchange_every=1,
+               transport="auto"):
     from tfdist.config import JobConfig
     from tfdist.testing import LocalCluster
 
     config = JobConfig(name=f"bench-{model}-{n}w{n}ps")
     config.ps.placement = placement
     config.ps.partition_threshold_bytes = partition_threshold_bytes
+    config.ps.transport = transport
     config.strategy.exchange_every = exchange_every
     out = tempfile.mkdtemp(prefix=f"tfdist-{model}-{n}w-", dir=log_dir)
     with LocalCluster(workers=n, ps=n, config=config, log_dir=out) as cluster:
@@ -401,6 +406,15 @@ def _run_config(config, model, warmup, steps, children, log_dir, placement, thre
             row = run_tfdist(model, 1, warmup, steps, log_dir, timeout, placement, threshold)
         elif config == "tfdist_2w2ps":
             row = run_tfdist(model, 2, warmup, steps, log_dir, timeout, placement, threshold)
+        elif config == "tfdist_2w2ps_grpc":
+            row = run_tfdist(model, 2, warmup, steps, log_dir, timeout, placement, threshold, transport="grpc")
+            row["transport"] = "grpc"
+        elif config == "tfdist_2w2ps_defaults":
+            from tfdist.config import PSConfig
+
+            defaults = PSConfig()
+            row = run_tfdist(model, 2, warmup, steps, log_dir, timeout, defaults.placement,
+                             defaults.partition_threshold_bytes)
         elif config == "mwms":
             row = run_mwms(model, warmup, steps, children, log_dir, timeout)
         elif config == "tf_pss":
@@ -518,6 +532,11 @@ def _ratios(rows: dict) -> dict:
         ratios["tfdist_2w2ps_auto_vs_best_baseline"] = eps("tfdist_2w2ps_auto") / baselines[best]
         ratios["tfdist_2w2ps_auto_vs_best_baseline_per_pass"] = per_pass("tfdist_2w2ps_auto", best)
         vs_each_baseline("tfdist_2w2ps_auto")
+    for name in ("tfdist_2w2ps_grpc", "tfdist_2w2ps_defaults"):
+        if eps(name) and baselines:
+            vs_each_baseline(name)
+    if eps("tfdist_2w2ps_grpc") and eps("tfdist_2w2ps"):  # the lean transport against gRPC, same run
+        ratios["tfdist_2w2ps_vs_grpc_transport_per_pass"] = per_pass("tfdist_2w2ps", "tfdist_2w2ps_grpc")
     if eps("tfdist_2w2ps_auto") and eps("tfdist_2w2ps"):
         ratios["tfdist_2w2ps_auto_vs_every_step_per_pass"] = per_pass("tfdist_2w2ps_auto", "tfdist_2w2ps")
     if eps("tfdist_2w2ps") and eps("mwms_split"):  # a reference, not a baseline users would run
