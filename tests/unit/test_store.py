@@ -341,3 +341,43 @@ def test_a_bsp_step_stops_waiting_for_a_worker_that_leaves():
     meta, agg = out["reply"]
     assert meta["global_step"] == 1 and not meta["dropped"]
     np.testing.assert_allclose(agg["b"], np.full(3, 2.0))  # one gradient of an M=2 step, scaled to the mean
+
+
+def test_a_bsp_step_does_not_wait_for_a_worker_that_waits_for_the_next_state():
+    """A joiner told of a later step by another PS task (its first gradient was stale there) waits to read
+    the state after the step this task is aggregating: it will send no gradient for that step, so the step
+    completes without it instead of holding both workers until the RPC deadline (seen in
+    test_a_stopped_worker_rejoins[sync_replicas] under load)."""
+    from tfdist.consistency import BSPPolicy
+
+    # (worker 1 stays live throughout: a heart-beat timeout longer than the waits)
+    store = ParameterStore(BSPPolicy(2), heartbeat_timeout_s=120, time_fn=time.monotonic, num_workers=2)
+    call(store, "Init", init_values(), worker=0, specs=SPEC_DICTS, num_workers=2)
+    call(store, "Heartbeat", worker=1)
+    out = {}
+
+    def contribute():  # worker 0's gradient for step 0 waits for worker 1's
+        out["grad"] = call(store, "PushGradients", {"b": np.ones(3, np.float32)}, timeout=20, worker=0, step=0)
+
+    def read_ahead():  # worker 1 counts step 0 as done: it waits for the state after it
+        out["read"] = call(store, "Pull", timeout=20, worker=1, min_state_step=1)
+
+    grad = threading.Thread(target=contribute)
+    grad.start()
+    deadline = time.monotonic() + 10
+    while not store.state()["contributors"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.global_step == 0  # waiting for worker 1
+    read = threading.Thread(target=read_ahead)
+    read.start()
+    grad.join(15)
+    assert not grad.is_alive()
+    meta, agg = out["grad"]
+    assert meta["global_step"] == 1 and meta["write_state"]  # worker 0 closed step 0: it writes the state
+    call(store, "PutState", {"a": np.full((2, 2), 5.0, np.float32), "b": np.full(3, 5.0, np.float32)},
+         worker=0, step=1)
+    read.join(15)
+    assert not read.is_alive()
+    assert out["read"][0]["state_step"] == 1
+    np.testing.assert_allclose(out["read"][1]["b"], np.full(3, 5.0))
+    assert 1 in store.live_workers()  # it was never counted gone: only not awaited while it read ahead

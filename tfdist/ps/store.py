@@ -128,6 +128,8 @@ class ParameterStore(UpdatePathRequests, GradientPathRequests, TableRequests):
         self.variables = DenseVariables()
         self.barrier = GradientBarrier()
         self.epoch_logs_barrier = EpochLogBarrier()
+        #: Workers waiting in a read for a state snapshot newer than the store's (gradient path): step wanted.
+        self._reading_ahead: dict[int, int] = {}
         self.rendezvous = Rendezvous()  # strategy.barrier / strategy.reduce across workers (not checkpointed)
         self.table_shards = TableShards()
         #: Identifies this run of the PS task's state: random per start, new after a reset or a
@@ -162,8 +164,12 @@ class ParameterStore(UpdatePathRequests, GradientPathRequests, TableRequests):
     _waiters = property(lambda self: self.waits.waiters)
 
     def _ctx(self) -> PolicyContext:
-        # Workers waiting at an epoch end send no gradient meanwhile: no barrier waits for them.
-        return self.members.context(self.epoch_logs_barrier.waiting())
+        # Workers waiting at an epoch end send no gradient meanwhile: no barrier waits for them. Nor for a worker
+        # waiting to read a state snapshot of a step past the one being aggregated: it counts that step as done
+        # (a joiner whose first gradient was stale, told of a later step by another task) and sends its next
+        # gradient for a later step, so waiting for it here would hold both until the RPC deadline.
+        ahead = frozenset(w for w, step in self._reading_ahead.items() if step > self.global_step)
+        return self.members.context(self.epoch_logs_barrier.waiting() | ahead)
 
     def _touch(self, worker: int) -> None:
         joined = self.policy is not None and self.initialized
@@ -367,9 +373,17 @@ class ParameterStore(UpdatePathRequests, GradientPathRequests, TableRequests):
                 self._read_wait(worker, req.clock, timeout, cancelled)
             elif req.min_state_step is not None:
                 step = req.min_state_step
-                self.waits.wait_for(lambda: Wait(self.state_step < step,
-                                                 f"state snapshot of step {step} not written yet"),
-                                    timeout, "read the state", cancelled)
+                reading_ahead = worker >= 0 and self.state_step < step
+                if reading_ahead:  # (see _ctx: a barrier does not wait for this worker meanwhile)
+                    self._reading_ahead[worker] = step
+                    self._cond.notify_all()
+                try:
+                    self.waits.wait_for(lambda: Wait(self.state_step < step,
+                                                     f"state snapshot of step {step} not written yet"),
+                                        timeout, "read the state", cancelled)
+                finally:
+                    if reading_ahead:
+                        self._reading_ahead.pop(worker, None)
             self._touch(worker)
             return self._read_locked(worker, keys, consumer)
 
