@@ -70,7 +70,8 @@ DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 SECTION = "parameter-server"  # the marked section of docs/benchmarks.md this script rewrites
 
 CONFIGS = ("plain", "tfdist_single", "tf_onedevice", "tfdist_1w1ps", "tfdist_2w2ps", "mwms", "tf_pss", "mwms_split",
-           "tfdist_2w2ps_k4", "tfdist_2w2ps_auto", "tf_pss_spe10", "tfdist_2w2ps_grpc", "tfdist_2w2ps_defaults")
+           "tfdist_2w2ps_k4", "tfdist_2w2ps_auto", "tf_pss_spe10", "tfdist_2w2ps_grpc", "tfdist_2w2ps_defaults",
+           "tfdist_1w1ps_grpc")
 #: strategy.exchange_every of the tfdist_2w2ps_k4 row.
 EXCHANGE_EVERY = 4
 #: steps_per_execution of the tf_pss_spe10 row: TF PSS's best measured on this machine (issue #23: 10,600
@@ -87,6 +88,7 @@ CONFIG_LABELS = {
     "mwms_split": "reference: TF MWMS, 2 workers, with the intra-op thread split tfdist's local launch applies",
     "tfdist_2w2ps_k4": "tfdist PS (async, `exchange_every: 4`), 2 workers + 2 PS",
     "tfdist_2w2ps_auto": "tfdist PS (async, `exchange_every: auto`), 2 workers + 2 PS",
+    "tfdist_1w1ps_grpc": "tfdist PS, 1 worker + 1 PS, every call over gRPC (`ps.transport: grpc`)",
     "tfdist_2w2ps_grpc": "tfdist PS (async), 2 workers + 2 PS, every call over gRPC (`ps.transport: grpc`)",
     "tfdist_2w2ps_defaults": "tfdist PS (async), 2 workers + 2 PS, the library's defaults (round-robin placement, "
                              "no partitioning), whatever --placement says",
@@ -406,6 +408,9 @@ def _run_config(config, model, warmup, steps, children, log_dir, placement, thre
             row = run_tfdist(model, 1, warmup, steps, log_dir, timeout, placement, threshold)
         elif config == "tfdist_2w2ps":
             row = run_tfdist(model, 2, warmup, steps, log_dir, timeout, placement, threshold)
+        elif config == "tfdist_1w1ps_grpc":
+            row = run_tfdist(model, 1, warmup, steps, log_dir, timeout, placement, threshold, transport="grpc")
+            row["transport"] = "grpc"
         elif config == "tfdist_2w2ps_grpc":
             row = run_tfdist(model, 2, warmup, steps, log_dir, timeout, placement, threshold, transport="grpc")
             row["transport"] = "grpc"
@@ -441,7 +446,7 @@ def _run_config(config, model, warmup, steps, children, log_dir, placement, thre
         traceback.print_exc(file=sys.stderr)
     finally:
         children.stop_all()
-    row["workers"] = 1 if config in ("plain", "tfdist_single", "tf_onedevice", "tfdist_1w1ps") else 2
+    row["workers"] = 1 if config in ("plain", "tfdist_single", "tf_onedevice", "tfdist_1w1ps", "tfdist_1w1ps_grpc") else 2
     row["warmup_steps"], row["timed_steps_per_worker"] = warmup, steps
     row["load_1min_at_start"] = load
     row["wall_s"] = round(time.monotonic() - t0, 1)
@@ -542,6 +547,11 @@ def _ratios(rows: dict) -> dict:
     if eps("tfdist_2w2ps") and eps("mwms_split"):  # a reference, not a baseline users would run
         ratios["tfdist_2w2ps_vs_mwms_split"] = eps("tfdist_2w2ps") / eps("mwms_split")
         ratios["tfdist_2w2ps_vs_mwms_split_per_pass"] = per_pass("tfdist_2w2ps", "mwms_split")
+    if eps("tfdist_1w1ps_grpc") and eps("plain"):
+        ratios["tfdist_1w1ps_grpc_ms_added_per_step"] = 1e3 / rows["tfdist_1w1ps_grpc"]["steps_per_s"] - \
+            1e3 / rows["plain"]["steps_per_s"]
+    if eps("tfdist_1w1ps") and eps("tfdist_1w1ps_grpc"):
+        ratios["tfdist_1w1ps_vs_grpc_transport_per_pass"] = per_pass("tfdist_1w1ps", "tfdist_1w1ps_grpc")
     if eps("tfdist_2w2ps") and eps("tfdist_1w1ps"):
         ratios["tfdist_2w2ps_vs_1w1ps"] = eps("tfdist_2w2ps") / eps("tfdist_1w1ps")
     return ratios

@@ -8,7 +8,7 @@ Trains the benchmark model (``benchmarks/_common.py``) for ``--warmup +
   that ran it) spent per step inside the exchange's parts: the end-of-step
   ``tf.py_function`` and what it calls (the update, the folding of fresh
   values into the variables), the background exchange and its RPCs (encode,
-  gRPC, decode, reply parsing). Parts nest: a part's time includes the parts
+  the transport: the stream or gRPC, decode, reply parsing). Parts nest: a part's time includes the parts
   it calls (the JSON lists which part is inside which).
 
 The parts are measured by wrapping the functions named in ``PARTS`` in this
@@ -41,9 +41,9 @@ PARTS = {
     "background exchange": ("tfdist.ps.update_session", "UpdateSession._exchange_in_background", None),
     "build requests": ("tfdist.ps.session", "WorkerSession._push_requests", "background exchange"),
     "row-sparse check": ("tfdist.ps.session", "_row_sparse", "build requests"),
-    "one RPC (encode, gRPC, decode)": ("tfdist.ps.client", "PSClient._call_one", "background exchange"),
-    "encode": ("tfdist.wire", "encode", "one RPC (encode, gRPC, decode)"),
-    "decode": ("tfdist.wire", "decode", "one RPC (encode, gRPC, decode)"),
+    "one RPC (encode, transport, decode)": ("tfdist.ps.client", "PSClient._call_one", "background exchange"),
+    "encode": ("tfdist.wire", "encode_chunks", "one RPC (encode, transport, decode)"),  # (wire.encode calls it)
+    "decode": ("tfdist.wire", "decode", "one RPC (encode, transport, decode)"),
     "parse replies": ("tfdist.ps.client", "parse_reply", "background exchange"),
     "begin_step py_function": (None, None, None),
 }
