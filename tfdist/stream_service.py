@@ -415,6 +415,20 @@ class StreamConnection:
                                     bytes(body).decode("utf-8", "replace"))
         return body
 
+    def stale(self) -> bool:
+        """Whether the server closed this idle connection (it stopped, died or restarted): not to be used."""
+        if self.closed:
+            return True
+        try:
+            self._sock.settimeout(0)  # (with a timeout, Python would wait for data before the peek)
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False  # open, nothing to read: as an idle connection should be
+        except OSError:
+            pass
+        self.close()  # closed by the server (b""), reset, or bytes nobody asked for
+        return True
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True

@@ -179,26 +179,36 @@ def test_connections_beyond_the_limit_are_closed():
 
 
 def test_a_restarted_task_is_found_on_its_new_stream_port(server):
-    """The task restarts (same gRPC port, new stream port): the first call fails as a lost task, the next
-    learns the new port."""
+    """The task restarts (same gRPC port, a new stream port): the kept connections, which the old task closed,
+    are never used again; the next call learns the new port and reaches the new task."""
     port = server.port
     with PSClient([server.address], TOKEN) as client:
         _session(client).initialize(_values())
         client.call(0, "Pull", {"worker": -1})
-        old_stream = client._routes[0].port
+        old_stream, kept = client._routes[0].port, list(client._routes[0].idle)
+        assert kept
         server.stop(0)
         again = PSServer(None, token=TOKEN, num_workers=1, port=port).start()
         try:
             assert again.service.stream_port != old_stream
-            with pytest.raises(PSUnavailableError):
-                client.call(0, "Pull", {"worker": -1})
             with PSClient([again.address], TOKEN) as chief:
                 _session(chief).initialize(_values(1))
             meta, tensors = client.call(0, "Pull", {"worker": -1})
+            assert all(conn.closed for conn in kept)
             assert client._routes[0].port == again.service.stream_port
             np.testing.assert_array_equal(tensors["0000/w"], _values(1)["0000/w"])
         finally:
             again.stop(0)
+
+
+def test_a_task_that_stops_fails_the_next_call_as_lost(server):
+    """Its kept connection closed and its ports closed: the call fails as a lost task (the worker recovers)."""
+    with PSClient([server.address], TOKEN) as client:
+        _session(client).initialize(_values())
+        client.call(0, "Pull", {"worker": -1})
+        server.stop(0)
+        with pytest.raises(PSUnavailableError):
+            client.call(0, "Pull", {"worker": -1})
 
 
 def test_a_stream_port_that_cannot_be_reached_falls_back_to_grpc(server, caplog):

@@ -55,6 +55,8 @@ class SessionRecovery:
             statuses = self._wait_all_answer(deadline, cause)
             restarted = [ps for ps in range(self.plan.num_ps)
                          if statuses[ps].incarnation != self.state.incarnations[ps]]
+            if restarted:
+                self.client.forget_streams()  # connections to the tasks before their restart are dead
             values = self._recover_from(statuses, restarted, local_values, deadline, as_reader)
         finally:
             if beating:

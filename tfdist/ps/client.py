@@ -79,8 +79,12 @@ class _StreamRoute:
         self.idle: list[StreamConnection] = []
 
     def take(self) -> StreamConnection | None:
-        with self.lock:
-            return self.idle.pop() if self.idle else None
+        """An idle connection the server has not closed (a task that stopped or restarted closed them), or None."""
+        while True:
+            with self.lock:
+                conn = self.idle.pop() if self.idle else None
+            if conn is None or not conn.stale():
+                return conn
 
     def give_back(self, conn: StreamConnection) -> None:
         with self.lock:
@@ -341,6 +345,11 @@ class PSClient:
                     return _USE_GRPC
                 route.forget()  # a port from before: the task may have restarted; learn it again
         return _USE_GRPC
+
+    def forget_streams(self) -> None:
+        """Drops every kept stream connection and learnt port (tasks restarted: they listen elsewhere now)."""
+        for route in self._routes:
+            route.forget()
 
     def _learn_stream_port(self, ps: int, deadline: float, timeout: float) -> int | None | Exception:
         """The task's stream port from its brief ``Status`` (``None``: it offers none)."""
