@@ -70,6 +70,8 @@ _MAX_METHOD = 64
 _MAX_TOKEN = 4096
 #: Buffers per ``sendmsg`` (Linux's IOV_MAX is 1024).
 _MAX_IOV = 512
+#: The receive buffer a message starts with (it grows as the bytes arrive).
+_FIRST_BUFFER = 4 << 20
 #: How long a refused request's body is read and dropped before the connection closes.
 _DRAIN_S = 5.0
 _STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
@@ -85,12 +87,18 @@ class StreamStatusError(Exception):
 
 # ------------------------------------------------------------------ framing
 def _recv_exact(sock: socket.socket, n: int) -> bytearray | None:
-    """``n`` bytes, or ``None`` if the peer closed the connection before the first one."""
-    buf = bytearray(n)
-    view = memoryview(buf)
+    """``n`` bytes, or ``None`` if the peer closed the connection before the first one.
+
+    The buffer grows (doubling) as the bytes arrive, from :data:`_FIRST_BUFFER`: a peer that declares a
+    large message and sends little costs what it sent, not what it declared.
+    """
+    buf = bytearray(min(n, _FIRST_BUFFER))
     got = 0
     while got < n:
-        k = sock.recv_into(view[got:])
+        if got == len(buf):
+            buf.extend(bytes(min(len(buf), n - len(buf))))
+        with memoryview(buf) as view:
+            k = sock.recv_into(view[got:])
         if k == 0:
             if got == 0:
                 return None

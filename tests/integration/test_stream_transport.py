@@ -269,3 +269,27 @@ def test_any_bytes_after_a_valid_hello_change_nothing_and_the_server_goes_on(ser
     _assert_same(before, _grpc_state(server))
     with PSClient([server.address], TOKEN) as client:
         assert client.call(0, "Pull", {"worker": -1})[0]["version"] == before[0]
+
+
+def test_a_declared_size_costs_only_the_bytes_that_arrive():
+    """A request that declares 512 MiB and sends 1 KiB makes the server hold about what arrived, not 512 MiB."""
+    import tracemalloc
+
+    service = StreamService({"Push": lambda meta, tensors, context: ({}, {})}, what="test", token=None,
+                            how_to_fix_token="x", max_message_bytes=1 << 30)
+    service.start()
+    tracemalloc.start()
+    try:
+        sock, status, _ = _hello(service.port, "")
+        assert status == 0
+        sock.sendall(struct.pack("<4sHdQ", b"TFDQ", 4, 5.0, 512 << 20) + b"Push" + b"x" * 1024)
+        sock.close()  # the server's connection ends (a truncated message)
+        deadline = time.monotonic() + 10
+        while service._connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not service._connections
+        _, peak = tracemalloc.get_traced_memory()
+        assert peak < 64 << 20, peak
+    finally:
+        tracemalloc.stop()
+        service.stop(0)
