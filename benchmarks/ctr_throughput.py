@@ -267,7 +267,9 @@ def main(argv=None) -> int:
                    "(small: 1.06 M rows). Defaults to small.")
     p.add_argument("--passes", type=int, default=4, help="passes over the configurations (interleaved, ABBA). "
                    "Defaults to 4.")
-    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--configs", default="tfdist,tf_pss",
+                   help=f"comma-separated, of {list(CONFIGS)}. Defaults to tfdist,tf_pss; tfdist_grpc is tfdist with "
+                        "ps.transport: grpc (the transport before, in the same run)")
     p.add_argument("--batch", type=int, default=256, help="examples per step on each worker (the example's)")
     p.add_argument("--emb-dim", type=int, default=16, help="width of the deep table (the example's)")
     p.add_argument("--warmup", type=int, default=20, help="warm-up steps per worker (tfdist; TF PSS: an epoch "
