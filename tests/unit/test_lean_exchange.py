@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfdist import wire
 from tfdist.ps.session import ROW_SPARSE_MIN_ROWS, _row_sparse
+from tfdist.ps.update_session import FlatLayout
 
 
 @pytest.mark.parametrize("shape", [(0,), (1,), (7, 3), (784, 256), (5, 0, 2)])
@@ -108,3 +111,70 @@ def test_arrays_that_tensorflow_must_not_alias_are_copied():
     unaligned[...] = 1.5
     _write(var, unaligned, add=True)  # copied, added
     np.testing.assert_array_equal(var.numpy(), np.full(shape, 1.5, np.float32))
+
+
+# --------------------------------------------------- one flat output for a step's corrections (FlatLayout)
+_shapes = st.lists(st.lists(st.integers(0, 9), min_size=0, max_size=3).map(tuple), min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes=_shapes, dtype=st.sampled_from([np.float32, np.float64, np.float16]), data=st.data())
+def test_a_flat_layout_packs_each_correction_in_its_own_aligned_slot_and_zeros_the_rest(shapes, dtype, data):
+    keys = tuple(f"v{i}" for i in range(len(shapes)))
+    layout = FlatLayout(keys, tuple(shapes), np.dtype(dtype))
+    itemsize = np.dtype(dtype).itemsize
+    for (start, size), shape in zip(layout.slots, shapes):
+        assert (start * itemsize) % wire.ALIGNMENT == 0 and size == int(np.prod(shape))
+    ends = [start + size for start, size in layout.slots]
+    assert all(end <= nxt for end, (nxt, _) in zip(ends, layout.slots[1:]))  # slots never overlap
+    assert layout.size == ends[-1]
+    given_keys = data.draw(st.sets(st.sampled_from(keys)))
+    rng = np.random.default_rng(len(given_keys))
+    corrections = {k: rng.normal(size=shape).astype(dtype) + 1 for k, shape in zip(keys, shapes) if k in given_keys}
+    flat = layout.pack(corrections)
+    assert flat.ctypes.data % wire.ALIGNMENT == 0 or flat.size == 0
+    for key, shape, (start, size) in zip(keys, shapes, layout.slots):
+        expected = corrections.get(key, np.zeros(shape, dtype))
+        np.testing.assert_array_equal(flat[start:start + size].reshape(shape), expected)
+    assert layout.fits("v0", np.zeros(shapes[0], dtype)) and not layout.fits("nope", np.zeros(shapes[0], dtype))
+    assert not layout.fits("v0", np.zeros(shapes[0], np.int32))
+
+
+def test_corrections_written_into_a_flat_buffer_are_packed_without_a_copy():
+    layout = FlatLayout(("a", "b", "c"), ((3, 5), (7,), (2, 2)), np.dtype(np.float32))
+    flat = wire.aligned_empty((layout.size,), np.float32)
+    flat[...] = np.nan  # what aligned_empty may hold: every slot must be written
+    (sa, na), _, (sc, nc) = layout.slots
+    a = flat[sa:sa + na].reshape(3, 5)
+    a[...] = 1.0
+    c = np.full((2, 2), 3.0, np.float32)  # not a view: copied in
+    out = layout.pack({"a": a, "c": c}, into=flat)
+    assert out is flat
+    np.testing.assert_array_equal(flat[sa:sa + na], 1.0)
+    np.testing.assert_array_equal(flat[layout.slots[1][0]:layout.slots[1][0] + 7], 0.0)
+    np.testing.assert_array_equal(flat[sc:sc + nc], 3.0)
+
+
+def test_a_steps_graph_adds_each_slot_of_the_flat_output_to_its_variable_and_nothing_when_empty():
+    import tensorflow as tf
+
+    from tfdist.strategies._update_path import _flat_layout, _fold_flat
+
+    variables = [tf.Variable(np.ones((3, 5), np.float32)), tf.Variable(np.zeros((7,), np.float32)),
+                 tf.Variable(np.full((2, 2), 2.0, np.float32))]
+    layout = _flat_layout(["a", "b", "c"], variables)
+    assert layout is not None and layout.shapes == ((3, 5), (7,), (2, 2))
+    assert _flat_layout(["a", "i"], [variables[0], tf.Variable(np.zeros(3, np.float64))]) is None  # two dtypes
+
+    @tf.function
+    def fold(flat):
+        with tf.control_dependencies([_fold_flat(variables, layout, flat)]):
+            return tf.constant(0)
+
+    corrections = {"a": np.full((3, 5), 0.5, np.float32), "c": np.arange(4, dtype=np.float32).reshape(2, 2)}
+    fold(tf.constant(layout.pack(corrections)))
+    np.testing.assert_array_equal(variables[0].numpy(), np.full((3, 5), 1.5, np.float32))
+    np.testing.assert_array_equal(variables[1].numpy(), np.zeros(7, np.float32))
+    np.testing.assert_array_equal(variables[2].numpy(), 2.0 + np.arange(4, dtype=np.float32).reshape(2, 2))
+    fold(tf.zeros((0,), tf.float32))  # nothing landed: nothing added
+    np.testing.assert_array_equal(variables[0].numpy(), np.full((3, 5), 1.5, np.float32))

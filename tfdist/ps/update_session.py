@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -22,11 +23,75 @@ import numpy as np
 from tfdist.consistency.ssp import cache_is_fresh_enough
 from tfdist.errors import PSRejectedError
 from tfdist.ps.session import AUDIT_STEPS, WorkerSession
-from tfdist.wire import aligned_empty
+from tfdist.wire import ALIGNMENT, aligned_empty
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["UpdateSession"]
+__all__ = ["Corrections", "FlatLayout", "UpdateSession"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlatLayout:
+    """Where each variable's correction lies in one flat buffer (the end of a step built to fold in its graph).
+
+    Every slot starts at a multiple of :data:`~tfdist.wire.ALIGNMENT` bytes,
+    so the step's graph can slice it without a copy. Built by the runtime
+    when it traces a training step (one dtype, fully known shapes); the
+    session writes an overlapped exchange's corrections straight into such a
+    buffer (:class:`Corrections`), and the step hands it to its graph as one
+    tensor instead of one per variable.
+    """
+
+    keys: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: np.dtype
+
+    @functools.cached_property
+    def slots(self) -> tuple[tuple[int, int], ...]:
+        """``(start, size)`` in elements, per key."""
+        slots, start, step = [], 0, max(1, ALIGNMENT // self.dtype.itemsize)
+        for shape in self.shapes:
+            size = math.prod(shape)
+            slots.append((start, size))
+            start += -(-size // step) * step
+        return tuple(slots)
+
+    @functools.cached_property
+    def size(self) -> int:
+        start, size = self.slots[-1] if self.keys else (0, 0)
+        return start + size
+
+    @functools.cached_property
+    def _shape_of(self) -> dict[str, tuple[int, ...]]:
+        return dict(zip(self.keys, self.shapes))
+
+    def fits(self, key: str, array: np.ndarray) -> bool:
+        """Whether ``array`` can be ``key``'s correction in this layout (its dtype and shape)."""
+        return array.dtype == self.dtype and array.shape == self._shape_of.get(key)
+
+    def pack(self, corrections: Mapping[str, np.ndarray], into: np.ndarray | None = None) -> np.ndarray:
+        """One aligned buffer: each key's correction in its slot, zeros where a key has none."""
+        flat = into if into is not None else aligned_empty((self.size,), self.dtype)
+        for key, shape, (start, size) in zip(self.keys, self.shapes, self.slots):
+            view = flat[start:start + size].reshape(shape)
+            value = corrections.get(key)
+            if value is None:
+                view[...] = 0
+            elif not np.may_share_memory(view, value):
+                view[...] = value
+        return flat
+
+
+class Corrections(dict):
+    """An overlapped exchange's corrections (variable key → array), also packed in ``flat`` when it has one.
+
+    ``flat`` (laid out as ``layout``) holds the same arrays: the corrections
+    of the keys in the layout are views into it, the other slots are zero.
+    """
+
+    def __init__(self, values, flat: np.ndarray | None = None, layout: FlatLayout | None = None):
+        super().__init__(values)
+        self.flat, self.layout = flat, layout
 
 
 class UpdateSession(WorkerSession):
@@ -52,6 +117,8 @@ class UpdateSession(WorkerSession):
         self.refresh_every_step = refresh_every_step
         self.push_pull = math.isinf(staleness)
         self._exchange: Future | None = None
+        #: Set by the runtime: overlapped exchanges write corrections into one buffer laid out so (or None).
+        self.flat_layout: FlatLayout | None = None
         self._exchange_thread: ThreadPoolExecutor | None = None
         self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0, "overlap_wait_seconds": 0.0,
                            "exchange_cpu_seconds": 0.0})
@@ -209,16 +276,30 @@ class UpdateSession(WorkerSession):
                 self.stats["bytes_pulled"] += sum(v.nbytes for v in tensors.values())
         fresh = self._join(shards) if changed else expected
         corrections, new_snapshot = {}, {}
+        layout = self.flat_layout
+        flat = None
+        if changed and layout is not None and all(k in expected and layout.fits(k, expected[k]) for k in layout.keys):
+            flat = aligned_empty((layout.size,), layout.dtype)
+        slots = dict(zip(layout.keys, layout.slots)) if flat is not None else {}
         for key in deltas:
             if changed and any(sh.ps in changed for sh in self.plan.shards_of(key)):
                 new_snapshot[key] = fresh[key]
-                # Aligned: the training thread adds it to the variable without a copy (VariableRegistry.add).
-                corrections[key] = np.subtract(fresh[key], expected[key],
-                                               out=aligned_empty(expected[key].shape, expected[key].dtype))
+                # Aligned: the training thread adds it to the variable without a copy (VariableRegistry.add),
+                # or the step's graph does (from the flat buffer, one tensor for every variable).
+                shape, dtype = expected[key].shape, expected[key].dtype
+                if key in slots:
+                    start, size = slots[key]
+                    out = flat[start:start + size].reshape(shape)
+                else:
+                    out = aligned_empty(shape, dtype)
+                corrections[key] = np.subtract(fresh[key], expected[key], out=out)
             else:
                 new_snapshot[key] = expected[key]
+        if flat is not None and corrections:
+            layout.pack(corrections, into=flat)  # (zeros the slots of the keys that got none)
         return _Exchange(
-            snapshot=new_snapshot, base=expected, corrections=corrections or None,
+            snapshot=new_snapshot, base=expected,
+            corrections=Corrections(corrections, flat, layout) if corrections else None,
             version=[replies[i].version for i in range(self.plan.num_ps)], replies=replies,
         )
 
@@ -251,6 +332,6 @@ class _Exchange:
 
     snapshot: dict[str, np.ndarray]
     base: dict[str, np.ndarray]
-    corrections: dict[str, np.ndarray] | None
+    corrections: Corrections | None
     version: list[int]
     replies: dict

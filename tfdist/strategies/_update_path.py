@@ -19,7 +19,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 
 from tfdist.errors import PSUnavailableError
 from tfdist.ps.session import WorkerSession
-from tfdist.ps.update_session import UpdateSession
+from tfdist.ps.update_session import FlatLayout, UpdateSession
 from tfdist.strategies._ps_runtime import PSRuntime
 from tfdist.strategies._schedules import (
     LocalOnly,
@@ -72,8 +72,10 @@ class UpdatePathRuntime(PSRuntime):
         # pull(keep_local_writes=False) can drop the write and keep the steps).
         self._flushing_for_write = False
         self.registry.before_local_write = self._flush_before_local_write
-        #: While a step built to fold in its graph ends: the corrections its outputs carry (see :meth:`fold`).
+        #: While a step built to fold in its graph ends: the corrections its outputs carry (see :meth:`fold`),
+        #: and the exchange's flat buffer of them when it came with one (and was the only fold of the step).
         self._graph_fold: dict[str, np.ndarray] | None = None
+        self._graph_flat = None
 
     def _new_session(self, *args, **kwargs) -> WorkerSession:
         return UpdateSession(*args, staleness=self.policy.staleness,
@@ -182,24 +184,36 @@ class UpdatePathRuntime(PSRuntime):
         inputs = [v.read_value() for v in variables] + [loss]
         # Overlapped: the corrections of the exchange that just landed leave the py_function as outputs
         # and the step's graph adds them (see fold); other schedules write inside it (VariableRegistry).
+        # One output for all of them when the variables share a dtype (a py_function's outputs and the
+        # graph's conditions cost per tensor, every step): a flat buffer the exchange wrote them into.
         fold_in_graph = self.schedule.overlapped and bool(variables)
         keys = [spec.key for spec in self.specs[:len(variables)]]
+        layout = _flat_layout(keys, variables) if fold_in_graph else None
 
         def end(*tensors):
             held = self._holds_next_step()  # the step stays local: its values are not needed
             current = None if held else [np.asarray(t) for t in tensors[:-1]]
             self._graph_fold = {} if fold_in_graph else None
+            self._graph_flat = None
+            if layout is not None and self.session is not None:
+                self.session.flat_layout = layout  # the exchange sent now writes its corrections so
             try:
                 self.end_step(current, float(tensors[-1].numpy()) if has_loss and not held else None)
-                corrections = self._graph_fold
+                corrections, flat = self._graph_fold, self._graph_flat
             finally:
-                self._graph_fold = None
+                self._graph_fold = self._graph_flat = None
             if not fold_in_graph:
                 return self.step_stats()
+            if layout is not None:
+                return [self.step_stats(), self._fold_flat_output(corrections, flat, layout, variables)]
             return [self.step_stats(), *self._fold_outputs(corrections, keys, variables)]
 
         if not fold_in_graph:
             return tf.py_function(end, inputs, tf.float32, name="tfdist_end_update_step")
+        if layout is not None:
+            stats, flat = tf.py_function(end, inputs, [tf.float32, variables[0].dtype], name="tfdist_end_update_step")
+            with tf.control_dependencies([_fold_flat(variables, layout, flat)]):
+                return tf.identity(stats)
         outputs = tf.py_function(end, inputs, [tf.float32] + [v.dtype for v in variables],
                                  name="tfdist_end_update_step")
         folds = [_fold(var, correction) for var, correction in zip(variables, outputs[1:])]
@@ -215,7 +229,11 @@ class UpdatePathRuntime(PSRuntime):
         Python). Anywhere else (a join, a pull) they are added now.
         """
         if self._graph_fold is not None:
+            first = not self._graph_fold
             self._graph_fold.update(corrections)
+            # Its flat buffer holds exactly these corrections: usable only when nothing else was folded.
+            self._graph_flat = (corrections.flat, corrections.layout) if first and getattr(
+                corrections, "flat", None) is not None else None
         else:
             self.registry.add(corrections)
 
@@ -235,6 +253,33 @@ class UpdatePathRuntime(PSRuntime):
         if later:
             self.registry.add(later)
         return [_output(corrections.get(key), var) for key, var in zip(keys, variables)]
+
+    def _fold_flat_output(self, corrections: dict[str, np.ndarray], flat, layout: FlatLayout,
+                          variables: list[tf.Variable]):
+        """The flat output of a step built with ``layout``: every traced variable's correction, or empty.
+
+        The exchange's own buffer when it was written with this layout (no
+        copy); else the corrections are packed into a new one. Corrections of
+        variables outside the layout (joined after the trace), and all of
+        them when layers derive state from their variables, are added now.
+        """
+        empty = np.zeros((0,), layout.dtype)
+        if corrections and self.registry.derived.layers:
+            self.registry.add(corrections)
+            return empty
+        traced = set(layout.keys)
+        later = {k: c for k, c in corrections.items() if k not in traced}
+        if later:
+            self.registry.add(later)
+        if len(later) == len(corrections):
+            return empty
+        if flat is not None and flat[1] == layout and not later:
+            packed = flat[0]
+        else:
+            packed = layout.pack(corrections)
+        if aliasable(packed, variables[0]):
+            return tf.experimental.dlpack.from_dlpack(packed.__dlpack__())
+        return packed
 
     def _holds_next_step(self) -> bool:
         """Whether the step ending now will stay local (``exchange_every``), so ``end_step`` needs no values."""
@@ -307,6 +352,30 @@ def _output(correction: np.ndarray | None, var: tf.Variable):
     if aliasable(correction, var):
         return tf.experimental.dlpack.from_dlpack(correction.__dlpack__())
     return correction
+
+
+def _flat_layout(keys: list[str], variables: list[tf.Variable]) -> FlatLayout | None:
+    """The flat layout of a step's corrections: when its variables share one floating dtype and known shapes."""
+    dtypes = {v.dtype for v in variables}
+    if len(dtypes) != 1 or not all(v.shape.is_fully_defined() for v in variables):
+        return None
+    dtype = variables[0].dtype
+    if not dtype.is_floating:
+        return None
+    return FlatLayout(tuple(keys), tuple(tuple(v.shape.as_list()) for v in variables), np.dtype(dtype.as_numpy_dtype))
+
+
+def _fold_flat(variables: list[tf.Variable], layout: FlatLayout, flat: tf.Tensor) -> tf.Operation:
+    """In the step's graph: each variable ``+=`` its slot of ``flat``, unless ``flat`` is empty (nothing landed)."""
+
+    def add():
+        ops = []
+        for var, shape, (start, size) in zip(variables, layout.shapes, layout.slots):
+            piece = tf.reshape(tf.slice(flat, [start], [size]), shape)
+            ops.append(gen_resource_variable_ops.assign_add_variable_op(var.handle, piece))
+        return tf.group(ops)
+
+    return tf.cond(tf.size(flat) > 0, add, tf.no_op)
 
 
 def _fold(var: tf.Variable, correction: tf.Tensor) -> tf.Operation:
