@@ -21,6 +21,9 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLAB = ROOT / "colab"
 
+# --cpu-report FILE: each test's wall and CPU seconds, children included (issue #22; README "Tests").
+pytest_plugins = ["tests._cpu_report"]
+
 
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
