@@ -466,6 +466,13 @@ class PSConfig:
             back to gRPC for a task whose port cannot be reached; ``"grpc"``:
             every call over gRPC (one port per task, e.g. behind a firewall
             that opens only that one). A job with TLS always uses gRPC.
+        stream_port: The port each PS task serves its lean transport on
+            (``transport: auto``), the same on every task, e.g. to open it in
+            a firewall or a Kubernetes ``NetworkPolicy`` (the manifests then
+            declare it). ``None`` (the default): a free port each task picks
+            and announces. A fixed port needs each PS task on a host of its
+            own: a local launch (every task on one host) refuses it with
+            more than one PS task.
     """
 
     placement: str = "round_robin"
@@ -485,6 +492,7 @@ class PSConfig:
     checkpoint_keep: int = 3
     reconnect_timeout_s: float = constants.DEFAULT_RECONNECT_TIMEOUT_S
     transport: str = "auto"
+    stream_port: int | None = None
 
     def __post_init__(self):
         if self.checkpoint_dir is not None and (not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir):
@@ -499,6 +507,9 @@ class PSConfig:
             raise _fail(f"ps.{name}", value, "Give a whole number >= 1" + (", or null." if nullable else "."))
         if self.transport not in ("auto", "grpc"):
             raise _fail("ps.transport", self.transport, 'Use "auto" (the default) or "grpc".')
+        p = self.stream_port
+        if p is not None and (not isinstance(p, int) or isinstance(p, bool) or not 1 <= p <= 65535):
+            raise _fail("ps.stream_port", p, "Give a TCP port from 1 to 65535, or null for a free port per task.")
         if self.nonfinite not in ("refuse", "allow"):
             raise _fail("ps.nonfinite", self.nonfinite, 'Use "refuse" (the default) or "allow".')
         if not isinstance(self.tune_malloc, bool):

@@ -43,6 +43,7 @@ decide that). Importing this module does not import TensorFlow.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import socket
@@ -166,13 +167,17 @@ class StreamService:
             valid wire message.
         max_connections: Connections served at once (a thread each).
         hello_timeout_s: How long a new connection has to authenticate.
+        port: The port to listen on; ``0`` (the default): a free one.
+
+    Raises:
+        OSError: ``port`` is taken (another process listens on it).
     """
 
     def __init__(self, handlers: Mapping[str, Callable], *, what: str, token: str | None, how_to_fix_token: str,
                  host: str = "127.0.0.1", max_message_bytes: int,
                  errors: Sequence[tuple[type, grpc.StatusCode]] = (),
                  on_malformed: Callable[[str], None] | None = None, max_connections: int = 64,
-                 hello_timeout_s: float = 10.0):
+                 hello_timeout_s: float = 10.0, port: int = 0):
         self.what = what
         self._handlers = dict(handlers)
         self._token = token.encode() if token else None
@@ -182,7 +187,7 @@ class StreamService:
         self._on_malformed = on_malformed
         self._max_connections = int(max_connections)
         self._hello_timeout_s = float(hello_timeout_s)
-        self._listener = _listen(host)
+        self._listener = _listen(host, port)
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -349,21 +354,37 @@ class StreamService:
         return [_REPLY.pack(b"TFDR", 0, sum(len(c) for c in chunks)), *chunks]
 
 
-def _listen(host: str) -> socket.socket:
-    """A listening TCP socket on ``host`` (a free port); ``[::]``/``0.0.0.0``/``""``: every interface."""
+def _listen(host: str, port: int = 0) -> socket.socket:
+    """A listening TCP socket on ``host`` and ``port`` (0: a free one); ``[::]``/``0.0.0.0``/``""``: every interface.
+
+    A fixed port is bound with ``SO_REUSEADDR``: a task restarted at once
+    binds it again while its predecessor's connections linger in TIME_WAIT
+    (another process listening on it still fails the bind).
+    """
+
+    def bound(family: int, address: tuple) -> socket.socket:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            if family == socket.AF_INET6 and address[0] == "::":
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            if port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
     host = host.strip("[]")
     if host in ("", "::", "0.0.0.0"):
         try:
-            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(("::", 0))
-        except OSError:  # no IPv6 here
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("0.0.0.0", 0))
+            sock = bound(socket.AF_INET6, ("::", port))
+        except OSError as e:  # no IPv6 here (a taken port is taken for IPv4 too: the bind below says so)
+            if port and e.errno == errno.EADDRINUSE:
+                raise
+            sock = bound(socket.AF_INET, ("0.0.0.0", port))
     else:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.bind((host, 0))
+        sock = bound(socket.AF_INET6 if ":" in host else socket.AF_INET, (host, port))
     sock.listen(64)
     return sock
 

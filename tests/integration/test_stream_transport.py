@@ -293,3 +293,38 @@ def test_a_declared_size_costs_only_the_bytes_that_arrive():
     finally:
         tracemalloc.stop()
         service.stop(0)
+
+
+def test_a_fixed_stream_port_is_served_announced_kept_across_a_restart_and_refused_when_taken():
+    """``ps.stream_port``: every task serves that port (for a firewall that opens it). A task restarted at once
+    binds it again while the old connections linger (SO_REUSEADDR); the client's connections to the old task
+    are never reused. A second task on the same host cannot bind it: a ConfigError that says what to do,
+    and the failed task leaves its gRPC port free."""
+    from tfdist.cluster.local import free_port
+    from tfdist.errors import ConfigError
+
+    stream_port = free_port()
+    srv = PSServer(None, token=TOKEN, num_workers=1, stream_port=stream_port).start()
+    try:
+        assert srv.service.stream_port == stream_port
+        with PSClient([srv.address], TOKEN) as client:
+            _session(client).initialize(_values())
+            client.call(0, "Pull", {"worker": -1})
+            assert client._routes[0].port == stream_port
+            kept = list(client._routes[0].idle)
+            grpc_port = free_port()
+            with pytest.raises(ConfigError, match=r"port \d+ \(ps\.stream_port\).*null for a free port"):
+                PSServer(None, token=TOKEN, num_workers=1, port=grpc_port, stream_port=stream_port)
+            with socket.socket() as probe:  # the refused task's gRPC port was let go
+                probe.bind(("127.0.0.1", grpc_port))
+            port = srv.port
+            srv.stop(0)
+            srv = PSServer(None, token=TOKEN, num_workers=1, port=port, stream_port=stream_port).start()
+            assert srv.service.stream_port == stream_port
+            with PSClient([srv.address], TOKEN) as chief:
+                _session(chief).initialize(_values(2))
+            meta, tensors = client.call(0, "Pull", {"worker": -1})
+            assert all(conn.closed for conn in kept)
+            np.testing.assert_array_equal(tensors["0000/w"], _values(2)["0000/w"])
+    finally:
+        srv.stop(0)

@@ -86,6 +86,10 @@ def test_cluster_spec_round_trip():
          "strategy.exchange_every"),
         ({"cluster": {"ps": 1, "worker": 1}, "strategy": {"exchange_every_max": 0}}, "strategy.exchange_every_max"),
         ({"cluster": {"ps": 1, "worker": 1}, "strategy": {"exchange_every_max": True}}, "strategy.exchange_every_max"),
+        ({"cluster": {"ps": 1, "worker": 1}, "ps": {"stream_port": 0}}, "ps.stream_port"),
+        ({"cluster": {"ps": 1, "worker": 1}, "ps": {"stream_port": 70000}}, "ps.stream_port"),
+        ({"cluster": {"ps": 1, "worker": 1}, "ps": {"stream_port": "2223"}}, "ps.stream_port"),
+        ({"cluster": {"ps": 1, "worker": 1}, "ps": {"stream_port": True}}, "ps.stream_port"),
     ],
 )
 def test_bad_fields_are_named(data, field):

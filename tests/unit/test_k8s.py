@@ -660,3 +660,19 @@ def test_the_chief_job_fails_on_the_exit_codes_the_launcher_does_not_restart():
         chief = next(d for d in k8s.kubernetes_jobs(JobConfig.from_dict(data), IMAGE, "t.py")
                      if d["kind"] == "Job" and d["metadata"]["name"].endswith(("chief-0", "worker-0")))
         assert chief["spec"]["backoffLimit"] == 0 and "podFailurePolicy" not in chief["spec"]
+
+
+def test_a_fixed_stream_port_is_declared_on_ps_pods_only_and_only_when_the_stream_runs():
+    """``ps.stream_port``: PS pods declare the data plane's port beside 2222 (for a NetworkPolicy); not with
+    ``ps.transport: grpc`` or TLS (every call on 2222), nor on other pods, nor without a fixed port."""
+    for fields, declared in (({"stream_port": 2223}, True), ({"stream_port": 2223, "transport": "grpc"}, False),
+                             ({}, False)):
+        cfg = JobConfig.from_dict({**FULL, "ps": {**FULL["ps"], **fields}})
+        for task, (_, container) in _containers(k8s.kubernetes_jobs(cfg, IMAGE, "train.py")).items():
+            expected = [{"name": "tfdist", "containerPort": 2222}]
+            if declared and task.job == "ps":
+                expected.append({"name": "tfdist-stream", "containerPort": 2223})
+            assert container["ports"] == expected, (fields, task)
+            if task.job == "ps":
+                assert JobConfig.from_json(_values(container)[constants.ENV_CONFIG]).ps.stream_port == fields.get(
+                    "stream_port")

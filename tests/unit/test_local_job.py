@@ -6,7 +6,7 @@ import pytest
 
 from tfdist.cluster.local import LocalJob
 from tfdist.config import JobConfig, TaskSpec
-from tfdist.errors import LaunchError
+from tfdist.errors import ConfigError, LaunchError
 
 
 class FakeTask:
@@ -319,3 +319,17 @@ def test_a_chief_killed_before_saying_done_is_restarted():
     job.start_task = start_task
     job.wait(timeout=5, poll_s=0.01)
     assert started == ["worker:0"] and job.restarts == {"worker:0": 1}
+
+
+def test_a_fixed_stream_port_is_refused_for_a_local_launch_of_several_ps_tasks():
+    """Each PS task would bind the same port on this machine: refused before anything starts, saying what to do."""
+    from tfdist.cluster.local import check_local_stream_port
+
+    def config(ps, **fields):
+        return JobConfig.from_dict({"cluster": {"ps": ps, "worker": 1}, "ps": fields})
+
+    with pytest.raises(ConfigError, match=r"`ps.stream_port`.*all 2 PS tasks on this machine.*null"):
+        check_local_stream_port(config(2, stream_port=2223))
+    check_local_stream_port(config(1, stream_port=2223))  # one PS task: its port
+    check_local_stream_port(config(2, stream_port=2223, transport="grpc"))  # no stream at all
+    check_local_stream_port(config(2))  # free ports

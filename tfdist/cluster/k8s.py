@@ -404,6 +404,10 @@ def _pod_spec(config: JobConfig, task: TaskSpec, opts: _PodOptions, *, container
         argv = task_argv(task, opts.script, opts.script_args, config)
         spec["command"] = [_PYTHON, *argv[1:]]
     spec["ports"] = [{"name": port_name, "containerPort": opts.port}]
+    stream_port = config.ps.stream_port
+    if (task.job == "ps" and stream_port is not None and config.ps.transport == "auto"
+            and not config.security.tls):  # the data plane's fixed port (ps.stream_port), for a NetworkPolicy
+        spec["ports"].append({"name": "tfdist-stream", "containerPort": stream_port})
     spec["env"] = _env(config, task, with_tf_config)
     resources = config.kubernetes.resources.get(task.job) or {}
     if any(resources.values()):

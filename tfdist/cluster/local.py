@@ -150,6 +150,18 @@ def check_local_task_count(config: JobConfig, limit: int | None = None) -> None:
     )
 
 
+def check_local_stream_port(config: JobConfig) -> None:
+    """Refuses a fixed ``ps.stream_port`` for a local launch of several PS tasks: each would bind the same port."""
+    ps = len(config.cluster.ps)
+    if ps < 2 or config.ps.stream_port is None or config.ps.transport != "auto" or config.security.tls:
+        return
+    raise ConfigError(
+        f"Invalid config field `ps.stream_port`. Received: ps.stream_port={config.ps.stream_port}. Every PS task "
+        f"serves its data plane on this port, and a local launch runs all {ps} PS tasks on this machine. Give "
+        "null (each task picks a free port), or set ps.transport: grpc; or start one PS task per machine with --task."
+    )
+
+
 def task_environment(config: JobConfig, task: TaskSpec, token: str, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a task runs with: TF_CONFIG, TFDIST_CONFIG, token."""
     env = dict(os.environ if base is None else base)
@@ -267,6 +279,7 @@ class LocalJob:
         from tfdist.cluster.zygote import fast_start_enabled
 
         check_local_task_count(config)
+        check_local_stream_port(config)
         #: Fork TensorFlow tasks from a zygote that imported TensorFlow once (``TFDIST_FAST_START=1``).
         self.fast_start = fast_start_enabled(fast_start)
         self.config = assign_ports(config)

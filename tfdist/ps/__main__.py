@@ -71,6 +71,7 @@ def build_server(config: JobConfig, task: TaskSpec, host: str | None = None, por
         checkpoint_keep=config.ps.checkpoint_keep,
         num_ps=len(config.cluster.ps),
         stream=config.ps.transport == "auto",
+        stream_port=config.ps.stream_port or 0,
     )
 
 

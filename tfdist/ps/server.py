@@ -43,6 +43,7 @@ import grpc
 import numpy as np
 
 from tfdist import constants
+from tfdist.errors import ConfigError
 from tfdist.consistency.base import ConsistencyPolicy
 from tfdist.grpc_service import WireService
 from tfdist.stream_service import StreamService
@@ -329,6 +330,7 @@ class PSServer:
         num_ps: int = 1,
         starting_workers: int | None = None,
         stream: bool = True,
+        stream_port: int = 0,
     ):
         if tune_malloc:
             memory.tune_malloc()
@@ -359,24 +361,36 @@ class PSServer:
         self.service = ParameterService(self.store, task_index, exit_when_done, on_stop=lambda: self.stop(0.5),
                                         checkpointer=self.checkpointer)
         handlers = {name: self._handler(name) for name in METHODS}
-        self._service = WireService(
-            SERVICE, handlers, what=f"parameter server ps:{task_index}", token=token,
-            how_to_fix_token=f"set {constants.ENV_TOKEN} (or security.token) to this job's token",
-            host=host, port=port, max_message_bytes=max_message_bytes, max_threads=max_threads,
-            tls_credentials=tls_credentials, on_malformed=self.service.count_refused,
-        )
+        #: The data plane's lean transport (:mod:`tfdist.stream_service`): none with TLS (gRPC carries all).
+        #: Bound first: a fixed port (``ps.stream_port``) that is taken fails the task before gRPC binds its own.
+        self._stream = None
+        if stream and tls_credentials is None:
+            try:
+                self._stream = StreamService(
+                    {name: handlers[name] for name in STREAM_METHODS}, what=f"parameter server ps:{task_index}",
+                    token=token, how_to_fix_token=f"set {constants.ENV_TOKEN} (or security.token) to this job's token",
+                    host=host, max_message_bytes=max_message_bytes, on_malformed=self.service.count_refused,
+                    max_connections=max(64, 4 * slots), port=stream_port)
+            except OSError as e:
+                raise ConfigError(
+                    f"ps:{task_index} cannot serve its data plane on port {stream_port} (ps.stream_port): {e}. "
+                    "Another process on this host listens on it (another PS task of the job?): give a free port, "
+                    "null for a free port per task, or ps.transport: grpc.") from e
+            self.service.stream_port = self._stream.port
+        try:
+            self._service = WireService(
+                SERVICE, handlers, what=f"parameter server ps:{task_index}", token=token,
+                how_to_fix_token=f"set {constants.ENV_TOKEN} (or security.token) to this job's token",
+                host=host, port=port, max_message_bytes=max_message_bytes, max_threads=max_threads,
+                tls_credentials=tls_credentials, on_malformed=self.service.count_refused,
+            )
+        except BaseException:
+            if self._stream is not None:
+                self._stream.stop(0)
+            raise
         self.port = self._service.port
         self.host = host
         self.address = self._service.address
-        #: The data plane's lean transport (:mod:`tfdist.stream_service`): none with TLS (gRPC carries all).
-        self._stream = None
-        if stream and tls_credentials is None:
-            self._stream = StreamService(
-                {name: handlers[name] for name in STREAM_METHODS}, what=f"parameter server ps:{task_index}",
-                token=token, how_to_fix_token=f"set {constants.ENV_TOKEN} (or security.token) to this job's token",
-                host=host, max_message_bytes=max_message_bytes, on_malformed=self.service.count_refused,
-                max_connections=max(64, 4 * slots))
-            self.service.stream_port = self._stream.port
 
     # --------------------------------------------------------------- control
     def start(self) -> "PSServer":
