@@ -16,6 +16,7 @@ Importing this module does not import TensorFlow or gRPC.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -34,20 +35,24 @@ __all__ = [
 _NO_TENSORS: Mapping[str, np.ndarray] = {}
 
 
+#: Each field kind's type check (built once: a reply is parsed for every call of every step).
+_CHECKS = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "opt_int": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+    "bool": lambda v: isinstance(v, bool),
+    "opt_str": lambda v: v is None or isinstance(v, str),
+    "ints": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool)
+                                                            for x in v),
+    "floats": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                             for x in v),
+    "strs": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
+    "numbers": lambda v: isinstance(v, Mapping) and all(
+        isinstance(k, str) and isinstance(x, (int, float)) and not isinstance(x, bool) for k, x in v.items()),
+}
+
+
 def _check(cls_name: str, name: str, value: Any, kind: str) -> Any:
-    ok = {
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "opt_int": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
-        "bool": lambda v: isinstance(v, bool),
-        "opt_str": lambda v: v is None or isinstance(v, str),
-        "ints": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool)
-                                                                for x in v),
-        "floats": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                                 for x in v),
-        "strs": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
-        "numbers": lambda v: isinstance(v, Mapping) and all(
-            isinstance(k, str) and isinstance(x, (int, float)) and not isinstance(x, bool) for k, x in v.items()),
-    }[kind](value)
+    ok = _CHECKS[kind](value)
     if not ok:
         raise ProtocolError(f"{cls_name}: reply field `{name}` is {short(value)}; expected {kind}. Are client and "
                             "server the same tfdist version?")
@@ -85,9 +90,15 @@ class _Reply:
             elif name not in cls._SPARSE:
                 raise ProtocolError(f"{cls.__name__}: reply field `{name}` is missing. Are client and server the "
                                     "same tfdist version?")
-        if "values" in {f.name for f in dataclasses.fields(cls)}:
+        if _has_values(cls):
             kwargs["values"] = dict(tensors)
         return cls(**kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _has_values(cls) -> bool:
+    """Whether a reply class carries tensors (a ``values`` field)."""
+    return "values" in {f.name for f in dataclasses.fields(cls)}
 
 
 def _kinds(**kinds: str) -> dict[str, str]:
