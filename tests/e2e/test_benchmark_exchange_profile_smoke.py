@@ -37,3 +37,18 @@ def test_a_short_profile_reports_the_worker_parts_and_the_ps_cpu(tmp_path):
     for inner, outer in run["part_inside"].items():  # a part never costs more than the one it runs inside
         if inner in parts and outer in parts:
             assert parts[inner] <= parts[outer] * 1.05 + 0.01, (inner, outer, parts)
+
+
+def test_the_step_hooks_benchmark_measures_every_variant(tmp_path):
+    """benchmarks/step_hooks_cost.py: every graph variant runs and is reported (no timing thresholds)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFDIST_CONFIG")}
+    out = tmp_path / "hooks.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "step_hooks_cost.py"), "--calls", "20",
+                           "--passes", "2", "--out", str(out)], env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["cpu_us_per_call"]) == {"call", "+ begin", "+ end(inputs)", "+ end(inputs, 7 outputs)",
+                                              "+ end(inputs, 7 outputs) + 6 conditions",
+                                              "+ end(inputs, 2 outputs) + 1 condition"}
+    assert all(v > 0 for v in result["cpu_us_per_call"].values())
+    assert all(len(v) == 2 for v in result["cpu_us_per_pass"].values())
