@@ -426,11 +426,28 @@ class StreamConnection:
 
     def call(self, method: str, chunks: Sequence[bytes | memoryview], timeout: float | None) -> bytearray:
         """Sends one request (the chunks of a wire message) and returns the reply's body."""
+        self.send(method, chunks, timeout)
+        return self.receive(timeout)
+
+    def send(self, method: str, chunks: Sequence[bytes | memoryview], timeout: float | None) -> None:
+        """The first half of :meth:`call`: sends the request; :meth:`receive` reads its reply.
+
+        Between the two, the caller may send to other servers (one thread
+        calling several tasks at once: each works on its request meanwhile).
+        """
         try:
             name = method.encode("ascii")
             self._sock.settimeout(timeout)
             _send_all(self._sock, [_REQUEST.pack(b"TFDQ", len(name), float(timeout or 0.0),
                                                  sum(len(c) for c in chunks)), name, *chunks])
+        except BaseException:
+            self.close()
+            raise
+
+    def receive(self, timeout: float | None) -> bytearray:
+        """The second half of :meth:`call`: the reply's body to the request :meth:`send` sent."""
+        try:
+            self._sock.settimeout(timeout)
             magic, status, length = _REPLY.unpack(self._recv(_REPLY.size))
             if magic != b"TFDR" or length > max(self._max_message_bytes, 1 << 20):
                 raise ConnectionError("the server's reply is not a tfdist stream frame")

@@ -328,3 +328,54 @@ def test_a_fixed_stream_port_is_served_announced_kept_across_a_restart_and_refus
             np.testing.assert_array_equal(tensors["0000/w"], _values(2)["0000/w"])
     finally:
         srv.stop(0)
+
+
+def _two_task_session(client, worker=0):
+    plan = RoundRobinPlacement().place(SPECS, 2)
+    assert {plan.shards_of(s.key)[0].ps for s in SPECS} == {0, 1}  # a variable on each task
+    return WorkerSession(client, SPECS, plan, worker, worker == 0, startup_timeout_s=10.0, heartbeat_interval_s=None,
+                         num_workers=1)
+
+
+def test_one_thread_calls_several_tasks_over_the_stream_and_over_grpc_where_a_task_offers_none():
+    """A call to several tasks sends every request, then reads every reply, from one thread (no call threads);
+    a task without a stream port is called over gRPC meanwhile. The values are those of one call per task."""
+    a = PSServer(None, token=TOKEN, num_workers=1).start()
+    b = PSServer(None, token=TOKEN, num_workers=1, stream=False).start()
+    try:
+        with PSClient([a.address, b.address], TOKEN) as client:
+            session = _two_task_session(client)
+            values = _values()
+            session.initialize(values)  # (Init travels over gRPC, on the client's threads)
+            on_threads, call_on_pool = [], client._call_on_pool
+            client._call_on_pool = lambda *a: on_threads.append(a[:2]) or call_on_pool(*a)
+            for step in range(1, 4):
+                fresh = session.sync({k: v + step for k, v in values.items()})
+                for k in values:
+                    np.testing.assert_allclose(fresh[k], values[k] + step)
+            assert on_threads == []  # every PushPull ran in this thread
+            assert client._routes[0].port == a.service.stream_port and client._routes[0].idle
+            assert client._routes[1].port is None and not client._routes[1].idle
+            for srv, key in ((a, "0000/w"), (b, "0001/b")):
+                np.testing.assert_allclose(_grpc_state(srv)[1][key], values[key] + 3)
+    finally:
+        a.stop(0)
+        b.stop(0)
+
+
+def test_a_task_lost_during_a_call_to_several_fails_the_call_as_lost_and_the_others_stay_usable():
+    a = PSServer(None, token=TOKEN, num_workers=1).start()
+    b = PSServer(None, token=TOKEN, num_workers=1).start()
+    try:
+        with PSClient([a.address, b.address], TOKEN) as client:
+            session = _two_task_session(client)
+            session.initialize(_values())
+            session.sync({k: v + 1 for k, v in _values().items()})
+            b.stop(0)
+            with pytest.raises(PSUnavailableError):
+                client.call_many("Pull", {0: ({"worker": -1}, {}), 1: ({"worker": -1}, {})})
+            meta, tensors = client.call(0, "Pull", {"worker": -1})  # task 0's stream still serves
+            np.testing.assert_allclose(tensors["0000/w"], _values()["0000/w"] + 1)
+    finally:
+        a.stop(0)
+        b.stop(0)

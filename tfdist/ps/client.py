@@ -237,6 +237,23 @@ class PSClient:
         items = list(requests.items())
         if not items:
             return {}
+        if len(items) > 1 and parallel and self.stream and method in STREAM_METHODS:
+            outcomes = self._call_many_stream(method, items, timeout)
+        else:
+            outcomes = self._call_many_threads(method, items, timeout, parallel)
+        results, first_error = {}, None
+        for ps, _ in items:
+            outcome = outcomes[ps]
+            if isinstance(outcome, Exception):
+                first_error = first_error or outcome
+            else:
+                results[ps] = outcome
+        if first_error is not None:
+            raise first_error
+        return results
+
+    def _call_many_threads(self, method: str, items, timeout: float, parallel: bool) -> dict:
+        """The calls at once: the first in this thread, the others on the client's threads (or one by one)."""
         outcomes: dict[int, Response | Exception] = {}
         pending = []
         inline = items
@@ -252,16 +269,39 @@ class PSClient:
             outcomes[ps] = self._call_one(ps, method, meta, tensors, timeout)
         for ps, fut in pending:
             outcomes[ps] = fut.result()
-        results, first_error = {}, None
-        for ps, _ in items:
-            outcome = outcomes[ps]
-            if isinstance(outcome, Exception):
-                first_error = first_error or outcome
-            else:
-                results[ps] = outcome
-        if first_error is not None:
-            raise first_error
-        return results
+        return outcomes
+
+    def _call_many_stream(self, method: str, items, timeout: float) -> dict:
+        """The calls at once from this thread: every request sent, then every reply read.
+
+        Each task works on its request while this thread sends the next one
+        and reads the replies in turn: no thread hand-off per call. A task
+        reached over gRPC (no stream port, or it cannot be reached) is called
+        after the sends, while the others work.
+        """
+        deadline = time.monotonic() + timeout
+        outcomes: dict[int, Response | Exception] = {}
+        sent: list[tuple[int, StreamConnection]] = []
+        by_grpc = []
+        try:
+            for ps, (meta, tensors) in items:
+                out = self._stream_send(ps, method, meta, tensors, timeout, deadline)
+                if isinstance(out, StreamConnection):
+                    sent.append((ps, out))
+                elif out is _USE_GRPC:
+                    by_grpc.append((ps, meta, tensors))
+                else:
+                    outcomes[ps] = out
+            for ps, meta, tensors in by_grpc:
+                outcomes[ps] = self._call_grpc(ps, method, meta, tensors, timeout)
+            while sent:
+                ps, conn = sent[0]
+                outcomes[ps] = self._stream_receive(ps, method, conn, timeout, deadline)
+                sent.pop(0)
+        finally:
+            for _, conn in sent:  # (an exception left these replies unread: the connections cannot be reused)
+                conn.close()
+        return outcomes
 
     def _call_on_pool(self, ps: int, method: str, meta, tensors, timeout: float) -> Response | Exception:
         """:meth:`_call_one` on one of the client's threads, its CPU counted in :attr:`pool_cpu_seconds`."""
@@ -279,6 +319,9 @@ class PSClient:
             outcome = self._call_stream(ps, method, meta, tensors, timeout)
             if outcome is not _USE_GRPC:
                 return outcome
+        return self._call_grpc(ps, method, meta, tensors, timeout)
+
+    def _call_grpc(self, ps: int, method: str, meta, tensors, timeout: float) -> Response | Exception:
         payload = wire.encode(meta, tensors)
         try:
             reply = self._stubs[ps][method](payload, timeout=timeout, metadata=self._metadata)
@@ -288,8 +331,16 @@ class PSClient:
 
     def _call_stream(self, ps: int, method: str, meta, tensors, timeout: float) -> Response | Exception | object:
         """One call over the task's stream transport; ``_USE_GRPC`` when the task is to be called over gRPC."""
-        chunks = wire.encode_chunks(meta, tensors)  # (a message that cannot be encoded raises, as over gRPC)
         deadline = time.monotonic() + timeout
+        sent = self._stream_send(ps, method, meta, tensors, timeout, deadline)
+        if not isinstance(sent, StreamConnection):
+            return sent
+        return self._stream_receive(ps, method, sent, timeout, deadline)
+
+    def _stream_send(self, ps: int, method: str, meta, tensors, timeout: float, deadline: float):
+        """Sends a request over the task's stream: the connection to read the reply from, or the outcome
+        (a translated error, or ``_USE_GRPC``)."""
+        chunks = wire.encode_chunks(meta, tensors)  # (a message that cannot be encoded raises, as over gRPC)
         route = self._routes[ps]
         conn = route.take()
         if conn is None:
@@ -297,17 +348,29 @@ class PSClient:
             if not isinstance(conn, StreamConnection):
                 return conn
         try:
-            body = conn.call(method, chunks, max(deadline - time.monotonic(), 1e-3))
-        except StreamStatusError as e:
-            return self._translate_status(e.code, e.details, ps, method, timeout)
-        except (socket.timeout, TimeoutError):
-            return self._translate_status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", ps, method, timeout)
-        except OSError as e:  # reset, refused, closed: the task died or restarted (a new port, maybe)
-            route.forget()
-            return self._translate_status(grpc.StatusCode.UNAVAILABLE, f"stream connection lost: {e}", ps, method,
-                                          timeout)
-        route.give_back(conn)
+            conn.send(method, chunks, max(deadline - time.monotonic(), 1e-3))
+        except (OSError, StreamStatusError) as e:
+            return self._stream_error(e, ps, method, timeout)
+        return conn
+
+    def _stream_receive(self, ps: int, method: str, conn: StreamConnection, timeout: float, deadline: float
+                        ) -> Response | Exception:
+        """The reply to what :meth:`_stream_send` sent on ``conn`` (the connection is kept for reuse)."""
+        try:
+            body = conn.receive(max(deadline - time.monotonic(), 1e-3))
+        except (OSError, StreamStatusError) as e:
+            return self._stream_error(e, ps, method, timeout)
+        self._routes[ps].give_back(conn)
         return wire.decode(body)
+
+    def _stream_error(self, e: BaseException, ps: int, method: str, timeout: float) -> Exception:
+        if isinstance(e, StreamStatusError):
+            return self._translate_status(e.code, e.details, ps, method, timeout)
+        if isinstance(e, (socket.timeout, TimeoutError)):
+            return self._translate_status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", ps, method, timeout)
+        # reset, refused, closed: the task died or restarted (a new port, maybe)
+        self._routes[ps].forget()
+        return self._translate_status(grpc.StatusCode.UNAVAILABLE, f"stream connection lost: {e}", ps, method, timeout)
 
     def _connect(self, ps: int, deadline: float, timeout: float) -> StreamConnection | Exception | object:
         """A new stream connection to task ``ps``; its port learnt (again) from ``Status`` when needed."""
