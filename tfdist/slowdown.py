@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["Slowdown", "SlowdownCallback", "slowdown_from_env", "ENV_SLOWDOWN"]
+__all__ = ["Slowdown", "SlowdownCallback", "slowdown_from_env", "ENV_SLOWDOWN"]  # noqa: F822 (module __getattr__)
 
 from tfdist.constants import ENV_SLOWDOWN  # noqa: E402  (re-exported)
 SCHEDULES = ("always", "first_half", "second_half")

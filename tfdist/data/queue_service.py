@@ -33,7 +33,7 @@ from tfdist import constants
 from tfdist.data import queue_protocol
 from tfdist.data.coordinator import Coordinator
 from tfdist.data.delivery_ledger import DeliveryLedger
-from tfdist.data.errors import QueueClosedError, QueueTimeoutError, SharedQueueError
+from tfdist.data.errors import QueueClosedError, SharedQueueError
 from tfdist.data.fifo_queue import FIFOQueue
 from tfdist.data.queue_base import QueueBase
 from tfdist.data.queue_runner import QueueRunner

@@ -2,7 +2,7 @@
 
 from tfdist.slowdown import ENV_SLOWDOWN, SCHEDULES, Slowdown, StepSlowdown, slowdown_from_env
 
-__all__ = ["Slowdown", "SlowdownCallback", "slowdown_from_env", "ENV_SLOWDOWN", "StepSlowdown", "SCHEDULES"]
+__all__ = ["Slowdown", "SlowdownCallback", "slowdown_from_env", "ENV_SLOWDOWN", "StepSlowdown", "SCHEDULES"]  # noqa: F822
 
 
 def __getattr__(name: str):  # the Keras callback imports keras: only when asked for
