@@ -41,9 +41,10 @@ PARTS = {
     "background exchange": ("tfdist.ps.update_session", "UpdateSession._exchange_in_background", None),
     "build requests": ("tfdist.ps.session", "WorkerSession._push_requests", "background exchange"),
     "row-sparse check": ("tfdist.ps.session", "_row_sparse", "build requests"),
-    "one RPC (encode, transport, decode)": ("tfdist.ps.client", "PSClient._call_one", "background exchange"),
-    "encode": ("tfdist.wire", "encode_chunks", "one RPC (encode, transport, decode)"),  # (wire.encode calls it)
-    "decode": ("tfdist.wire", "decode", "one RPC (encode, transport, decode)"),
+    "the RPCs to every task (encode, transport, decode)": ("tfdist.ps.client", "PSClient.call_many",
+                                                            "background exchange"),
+    "encode": ("tfdist.wire", "encode_chunks", "the RPCs to every task (encode, transport, decode)"),  # (wire.encode calls it)
+    "decode": ("tfdist.wire", "decode", "the RPCs to every task (encode, transport, decode)"),
     "parse replies": ("tfdist.ps.client", "parse_reply", "background exchange"),
     "begin_step py_function": (None, None, None),
 }

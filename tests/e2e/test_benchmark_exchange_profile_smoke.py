@@ -32,7 +32,7 @@ def test_a_short_profile_reports_the_worker_parts_and_the_ps_cpu(tmp_path):
     parts = run["worker_parts_ms_per_step"]
     # the parts every async step runs: the end-of-step py_function, the background exchange and its RPCs
     for part in ("end_of_step py_function", "end_step (count, delta)", "background exchange",
-                 "one RPC (encode, transport, decode)", "encode", "decode", "parse replies"):
+                 "the RPCs to every task (encode, transport, decode)", "encode", "decode", "parse replies"):
         assert parts.get(part, 0) > 0, (part, parts)
     for inner, outer in run["part_inside"].items():  # a part never costs more than the one it runs inside
         if inner in parts and outer in parts:
