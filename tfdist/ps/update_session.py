@@ -69,11 +69,15 @@ class FlatLayout:
         """Whether ``array`` can be ``key``'s correction in this layout (its dtype and shape)."""
         return array.dtype == self.dtype and array.shape == self._shape_of.get(key)
 
+    def views(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Each key's slot of ``flat`` (a buffer of :attr:`size` elements), shaped as the key's array."""
+        return {key: flat[start:start + size].reshape(shape)
+                for key, shape, (start, size) in zip(self.keys, self.shapes, self.slots)}
+
     def pack(self, corrections: Mapping[str, np.ndarray], into: np.ndarray | None = None) -> np.ndarray:
         """One aligned buffer: each key's correction in its slot, zeros where a key has none."""
         flat = into if into is not None else aligned_empty((self.size,), self.dtype)
-        for key, shape, (start, size) in zip(self.keys, self.shapes, self.slots):
-            view = flat[start:start + size].reshape(shape)
+        for key, view in self.views(flat).items():
             value = corrections.get(key)
             if value is None:
                 view[...] = 0
@@ -277,21 +281,18 @@ class UpdateSession(WorkerSession):
         fresh = self._join(shards) if changed else expected
         corrections, new_snapshot = {}, {}
         layout = self.flat_layout
-        flat = None
+        flat, slots = None, {}
         if changed and layout is not None and all(k in expected and layout.fits(k, expected[k]) for k in layout.keys):
             flat = aligned_empty((layout.size,), layout.dtype)
-        slots = dict(zip(layout.keys, layout.slots)) if flat is not None else {}
+            slots = layout.views(flat)
         for key in deltas:
             if changed and any(sh.ps in changed for sh in self.plan.shards_of(key)):
                 new_snapshot[key] = fresh[key]
                 # Aligned: the training thread adds it to the variable without a copy (VariableRegistry.add),
                 # or the step's graph does (from the flat buffer, one tensor for every variable).
-                shape, dtype = expected[key].shape, expected[key].dtype
-                if key in slots:
-                    start, size = slots[key]
-                    out = flat[start:start + size].reshape(shape)
-                else:
-                    out = aligned_empty(shape, dtype)
+                out = slots.get(key)
+                if out is None:
+                    out = aligned_empty(expected[key].shape, expected[key].dtype)
                 corrections[key] = np.subtract(fresh[key], expected[key], out=out)
             else:
                 new_snapshot[key] = expected[key]

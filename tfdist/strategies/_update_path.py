@@ -19,7 +19,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 
 from tfdist.errors import PSUnavailableError
 from tfdist.ps.session import WorkerSession
-from tfdist.ps.update_session import FlatLayout, UpdateSession
+from tfdist.ps.update_session import Corrections, FlatLayout, UpdateSession
 from tfdist.strategies._ps_runtime import PSRuntime
 from tfdist.strategies._schedules import (
     LocalOnly,
@@ -72,10 +72,8 @@ class UpdatePathRuntime(PSRuntime):
         # pull(keep_local_writes=False) can drop the write and keep the steps).
         self._flushing_for_write = False
         self.registry.before_local_write = self._flush_before_local_write
-        #: While a step built to fold in its graph ends: the corrections its outputs carry (see :meth:`fold`),
-        #: and the exchange's flat buffer of them when it came with one (and was the only fold of the step).
+        #: While a step built to fold in its graph ends: the corrections its outputs carry (see :meth:`fold`).
         self._graph_fold: dict[str, np.ndarray] | None = None
-        self._graph_flat = None
 
     def _new_session(self, *args, **kwargs) -> WorkerSession:
         return UpdateSession(*args, staleness=self.policy.staleness,
@@ -194,18 +192,17 @@ class UpdatePathRuntime(PSRuntime):
             held = self._holds_next_step()  # the step stays local: its values are not needed
             current = None if held else [np.asarray(t) for t in tensors[:-1]]
             self._graph_fold = {} if fold_in_graph else None
-            self._graph_flat = None
             if layout is not None and self.session is not None:
                 self.session.flat_layout = layout  # the exchange sent now writes its corrections so
             try:
                 self.end_step(current, float(tensors[-1].numpy()) if has_loss and not held else None)
-                corrections, flat = self._graph_fold, self._graph_flat
+                corrections = self._graph_fold
             finally:
-                self._graph_fold = self._graph_flat = None
+                self._graph_fold = None
             if not fold_in_graph:
                 return self.step_stats()
             if layout is not None:
-                return [self.step_stats(), self._fold_flat_output(corrections, flat, layout, variables)]
+                return [self.step_stats(), self._fold_flat_output(corrections, layout, variables)]
             return [self.step_stats(), *self._fold_outputs(corrections, keys, variables)]
 
         if not fold_in_graph:
@@ -229,11 +226,9 @@ class UpdatePathRuntime(PSRuntime):
         Python). Anywhere else (a join, a pull) they are added now.
         """
         if self._graph_fold is not None:
-            first = not self._graph_fold
-            self._graph_fold.update(corrections)
-            # Its flat buffer holds exactly these corrections: usable only when nothing else was folded.
-            self._graph_flat = (corrections.flat, corrections.layout) if first and getattr(
-                corrections, "flat", None) is not None else None
+            # The step's only fold keeps the exchange's Corrections (its flat buffer goes to the graph as is);
+            # a second one makes a plain dict of both (no flat buffer holds them).
+            self._graph_fold = corrections if not self._graph_fold else {**self._graph_fold, **corrections}
         else:
             self.registry.add(corrections)
 
@@ -254,7 +249,7 @@ class UpdatePathRuntime(PSRuntime):
             self.registry.add(later)
         return [_output(corrections.get(key), var) for key, var in zip(keys, variables)]
 
-    def _fold_flat_output(self, corrections: dict[str, np.ndarray], flat, layout: FlatLayout,
+    def _fold_flat_output(self, corrections: dict[str, np.ndarray], layout: FlatLayout,
                           variables: list[tf.Variable]):
         """The flat output of a step built with ``layout``: every traced variable's correction, or empty.
 
@@ -273,8 +268,8 @@ class UpdatePathRuntime(PSRuntime):
             self.registry.add(later)
         if len(later) == len(corrections):
             return empty
-        if flat is not None and flat[1] == layout and not later:
-            packed = flat[0]
+        if isinstance(corrections, Corrections) and corrections.flat is not None and corrections.layout == layout:
+            packed = corrections.flat  # (its slots hold the traced keys' corrections; later ones were added above)
         else:
             packed = layout.pack(corrections)
         if aliasable(packed, variables[0]):
