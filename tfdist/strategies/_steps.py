@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist._tf_compat import (OneDeviceExtended, called_from_keras_trainer, replica_context,
+from tfdist._tf_compat import (OneDeviceExtended, called_from_keras_trainer, host_distributed_dataset,
+                               host_distributed_datasets_from_function, replica_context,
                                sharded_distributed_dataset)
 
 __all__ = ["StepExtended"]
@@ -63,7 +64,7 @@ class StepExtended(OneDeviceExtended):
         pipelines, pipeline = self._input_pipelines
         policy = dataset.options().experimental_distribute.auto_shard_policy
         if pipelines <= 1 or policy == tf.data.experimental.AutoShardPolicy.AUTO or called_from_keras_trainer():
-            return super()._experimental_distribute_dataset(dataset, options)
+            return host_distributed_dataset(self, dataset, options)
         replicas = self._num_replicas_in_sync
         if replicas > 1 and replicas % pipelines:
             raise ValueError(
@@ -73,6 +74,11 @@ class StepExtended(OneDeviceExtended):
                 "with distribute_datasets_from_function instead.")
         context = tf.distribute.InputContext(pipelines, pipeline, replicas)
         return sharded_distributed_dataset(self, dataset, options, context)
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        """As TF's one-device strategy, iterated with a plain ``tf.data`` iterator on a CPU worker
+        (``_tf_compat.host_distributed_datasets_from_function``: ~2 ms per epoch's iterator, not ~80)."""
+        return host_distributed_datasets_from_function(self, dataset_fn, options)
 
     def _experimental_distribute_values_from_function(self, value_fn):
         """``value_fn`` of this worker's one replica, with its job-wide ``replica_id_in_sync_group``.
