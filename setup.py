@@ -32,7 +32,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
-            "pytest-xdist>=3.5",  # pytest.ini runs the suite on 4 worker processes (README "Tests")
+            "pytest-xdist>=3.5",  # scripts/test.sh runs the whole suite on 3 worker processes (README "Tests")
             "hypothesis>=6.100",
             "nbclient>=0.10",
             "nbformat>=5.10",

@@ -58,7 +58,10 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     path = config.getoption("--cpu-report", default=None)
-    if path and not os.environ.get("PYTEST_XDIST_WORKER") and not getattr(config.option, "numprocesses", None):
+    if path and (os.environ.get("PYTEST_XDIST_WORKER") or getattr(config.option, "numprocesses", None)):
+        raise pytest.UsageError("--cpu-report counts the CPU of the whole run per test: run it serially "
+                                "(without -n; ./scripts/test.sh runs serially when given --cpu-report)")
+    if path:
         config.pluginmanager.register(_CpuReport(path, config.getoption("--cpu-report-top")), "tfdist-cpu-report")
 
 
