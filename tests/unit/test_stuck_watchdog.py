@@ -3,7 +3,7 @@
 Threads stand in for a task's main thread; a function named ``fit`` compiled
 under a ``keras/`` path stands in for Keras's. No sockets; every wait is
 bounded. The exit watchdog's tests run a Python process each (it imports
-tfdist, so TensorFlow).
+tfdist, not TensorFlow: ``tfdist.strategies`` imports its strategies lazily).
 """
 
 import os
@@ -151,8 +151,10 @@ def test_an_exit_that_finishes_is_not_held_and_zero_disables_the_bound():
     import subprocess
     import sys
 
-    script = "from tfdist.strategies._stuck import arm_exit_watchdog\nimport atexit\natexit.register(arm_exit_watchdog)\n"
+    script = ("import sys\nfrom tfdist.strategies._stuck import arm_exit_watchdog\nimport atexit\n"
+              "atexit.register(arm_exit_watchdog)\nprint('tensorflow' in sys.modules)\n")
     for value in ("1", "0"):
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                               env=dict(os.environ, TFDIST_EXIT_TIMEOUT_S=value))
         assert proc.returncode == 0 and "did not exit" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stdout.strip() == "False", "the watchdog's module imported TensorFlow (tfdist.strategies' lazy names)"
