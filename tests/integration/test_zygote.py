@@ -59,6 +59,21 @@ def test_a_forked_task_gets_its_argv_env_cwd_output_and_exit_code(tmp_path, monk
     assert "tf 3.0" in log and "to stderr" in log and "atexit ran" in log
 
 
+def test_a_forked_task_starts_with_the_strategies_imported(tmp_path):
+    """What a TensorFlow task imports first is imported once, in the zygote (``PRELOAD``): the strategies'
+    modules too (``tfdist.strategies`` itself imports them lazily)."""
+    from tfdist.cluster.zygote import PRELOAD
+
+    names = [n for n in PRELOAD if n.startswith("tfdist.strategies.")]
+    assert names
+    task, code, log = _run(tmp_path, f"""
+        import sys
+        print("preloaded", all(n in sys.modules for n in {names!r}))
+    """)
+    assert task.forked and code == 0, log
+    assert "preloaded True" in log
+
+
 def test_an_exception_exits_1_with_its_traceback(tmp_path):
     task, code, log = _run(tmp_path, "raise ValueError('broken on purpose')\n")
     assert task.forked and code == 1

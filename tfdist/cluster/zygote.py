@@ -69,8 +69,9 @@ ENV_FAST_START = "TFDIST_FAST_START"
 SPAWN_TIMEOUT_S = 60.0
 
 #: What the zygote imports before forking (the expensive part of a TensorFlow task's start).
-PRELOAD = ("numpy", "grpc", "tensorflow", "keras", "tfdist", "tfdist.strategies", "tfdist.callbacks",
-           "tfdist.ps.server", "tfdist.data", "setproctitle")
+PRELOAD = ("numpy", "grpc", "tensorflow", "keras", "tfdist", "tfdist.strategies.all_reduce",
+           "tfdist.strategies.parameter_server", "tfdist.callbacks", "tfdist.ps.server", "tfdist.data",
+           "setproctitle")
 
 #: Environment variables read while those modules import (or that change the interpreter): a task whose
 #: value differs from the zygote's is started the usual way.
