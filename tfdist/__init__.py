@@ -6,10 +6,8 @@ Public names are imported lazily so that processes which need no TensorFlow
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from tfdist import exit_status as _exit_status
+from tfdist._lazy import lazy_names
 
 # Records a script's uncaught exception, so a task that died never tells the parameter servers it is done,
 # and gives a ConfigError its own exit code (78) that the launcher never restarts (tfdist/exit_status.py).
@@ -44,15 +42,4 @@ _LAZY = {
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
-    module = importlib.import_module(module_name)
-    value = module if module_name.endswith("." + name) else getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

@@ -17,7 +17,7 @@ import tfdist
 
 #: Bottom first. Keep README "Architecture" in step with it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("tfdist.constants", "tfdist.errors")),
+    ("foundation", ("tfdist.constants", "tfdist.errors", "tfdist._lazy")),
     ("how a task process ends", ("tfdist.exit_status",)),
     ("running a task's script", ("tfdist.run",)),
     ("TF compatibility and datasets", ("tfdist._tf_compat", "tfdist.datasets")),

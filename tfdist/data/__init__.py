@@ -11,8 +11,7 @@ nor gRPC (the shared-queue server runs without TensorFlow).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from tfdist._lazy import lazy_names
 
 _LAZY = {
     "QueueBase": "tfdist.data.queue_base",
@@ -32,16 +31,4 @@ _LAZY = {
 }
 
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'tfdist.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

@@ -1,14 +1,13 @@
 """tf.distribute strategies for Keras 3.
 
 Imported lazily (as ``tfdist`` itself): a process that needs one of the
-TensorFlow-free modules here (``_stuck``'s exit watchdog, the variable
-registry's files) does not import TensorFlow through this package.
+TensorFlow-free modules here (``_stuck``'s exit watchdog) does not import
+TensorFlow through this package.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from tfdist._lazy import lazy_names
 
 _LAZY = {
     "AllReduceStrategy": "tfdist.strategies.all_reduce",
@@ -21,16 +20,4 @@ _LAZY = {
 }
 
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
