@@ -21,8 +21,6 @@ def lazy_names(package: str, names: Mapping[str, str],
     the module and stores the value in ``namespace`` (the package's
     ``globals()``), so later uses are plain lookups.
     """
-    exported = sorted(names)
-
     def __getattr__(name: str) -> Any:
         module_name = names.get(name)
         if module_name is None:
@@ -33,6 +31,6 @@ def lazy_names(package: str, names: Mapping[str, str],
         return value
 
     def __dir__() -> list[str]:
-        return list(namespace.get("__all__", exported))
+        return list(namespace.get("__all__") or sorted(names))
 
     return __getattr__, __dir__

@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.core.protobuf import cluster_pb2, tensorflow_server_pb2
-from tensorflow.python.distribute import distribute_lib, one_device_strategy
+from tensorflow.python.distribute import distribute_lib, input_util, one_device_strategy
 from tensorflow.python.eager import context
 
 from tfdist.errors import ConfigError
@@ -92,8 +92,6 @@ def sharded_distributed_dataset(extended, dataset, options, input_context):
     ``options().experimental_distribute.auto_shard_policy`` (FILE, DATA, or
     AUTO: by file, else by data; OFF: no shard) — MultiWorkerMirroredStrategy's path.
     """
-    from tensorflow.python.distribute import input_util
-
     return input_util.get_distributed_dataset(
         dataset, extended._input_workers_with_options(options), extended._container_strategy(),  # pylint: disable=protected-access
         num_replicas_in_sync=input_context.num_replicas_in_sync, input_context=input_context, options=options)
@@ -136,8 +134,6 @@ def _prefetched(dataset, options):
 def host_distributed_dataset(extended, dataset, options):
     """``OneDeviceExtended._experimental_distribute_dataset``, iterated without a multi-device iterator
     when the worker's device is its host's CPU (:func:`_host_input_options`)."""
-    from tensorflow.python.distribute import input_util
-
     host = _host_input_options(extended, options)
     if host is None:
         return one_device_strategy.OneDeviceExtended._experimental_distribute_dataset(extended, dataset, options)
@@ -149,8 +145,6 @@ def host_distributed_dataset(extended, dataset, options):
 def host_distributed_datasets_from_function(extended, dataset_fn, options):
     """``OneDeviceExtended._distribute_datasets_from_function``, iterated without a multi-device iterator
     when the worker's device is its host's CPU (:func:`_host_input_options`)."""
-    from tensorflow.python.distribute import input_util
-
     host = _host_input_options(extended, options)
     if host is None:
         return one_device_strategy.OneDeviceExtended._distribute_datasets_from_function(extended, dataset_fn, options)

@@ -15,7 +15,6 @@ with an error that says so.
 
 import json
 import os
-import re
 import sys
 import time
 
@@ -27,7 +26,7 @@ from tfdist.datasets import load_digits
 from tfdist.testing import LocalCluster
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
-from durability_faults import EVERY, PAUSE_AT, STEPS, kill_ps1, wait_for_file, wait_until  # noqa: E402
+from durability_faults import EVERY, PAUSE_AT, STEPS, checkpoint_files, kill_ps1, wait_for_file, wait_until  # noqa: E402
 from digits_mlp import sgd_mlp as _model  # noqa: E402  (the single-process tests' MLP)
 
 pytestmark = pytest.mark.timeout(300)
@@ -200,10 +199,7 @@ def test_a_lone_worker_recovers_from_a_killed_ps_in_the_background(tmp_path, scr
         # its checkpoint on a thread of its own: wait (bounded) until one is on disk, so the restart has one
         # to restore. (Killed at once, under load a kill could come first: seen once in a parallel run.)
         wait_for_file(cluster, str(out / "paused"), 240)
-        shard_dir = tmp_path / "ckpt" / "ps-1"
-        wait_until(cluster, "a complete checkpoint of ps:1", lambda: any(
-            re.match(r"^ckpt-\d{12}\.json$", name) for name in (os.listdir(shard_dir) if shard_dir.is_dir() else [])),
-            120)
+        wait_until(cluster, "a complete checkpoint of ps:1", lambda: checkpoint_files(tmp_path / "ckpt" / "ps-1")[0], 120)
         before = kill_ps1(cluster, out)
         cluster.wait(240)
         log = cluster.log("worker:0")

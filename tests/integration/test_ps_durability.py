@@ -19,7 +19,6 @@ fault (``_baseline``) and prints what was lost.
 
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -32,7 +31,8 @@ from tfdist.testing import LocalCluster
 # The faults are injected by the scripts' durability_faults.py (benchmarks/fault_accuracy.py injects the same).
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
 from durability_faults import (EVERY, HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S, PAUSE_AT, STEPS,  # noqa: E402
-                               kill_ps1, kill_worker1, stop_worker1, sync_replicas_m, wait_for_file)
+                               checkpoint_files, kill_ps1, kill_worker1, stop_worker1, sync_replicas_m,
+                               wait_for_file)
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -249,18 +249,6 @@ def test_a_stopped_worker_rejoins(tmp_path, tmp_path_factory, scripts_dir, mode)
     assert int(status["worker_batches"]["1"]) == STEPS
 
 
-_TMP = re.compile(r"^ckpt-(\d{12})\.(data|json)\.tmp-[0-9a-f]{8}$")
-_MANIFEST = re.compile(r"^ckpt-(\d{12})\.json$")
-
-
-def _checkpoint_files(directory):
-    """(steps with a manifest, steps with a temporary file being written) in one shard directory."""
-    names = os.listdir(directory) if os.path.isdir(directory) else []
-    complete = sorted(int(m.group(1)) for m in map(_MANIFEST.match, names) if m)
-    torn = sorted(int(m.group(1)) for m in map(_TMP.match, names) if m)
-    return complete, torn
-
-
 @_SLOW
 @pytest.mark.parametrize("mode", ["async", "bsp", "sync_replicas"])
 def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_path, tmp_path_factory, scripts_dir,
@@ -283,11 +271,11 @@ def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_pa
         while True:
             assert time.monotonic() < deadline, f"no checkpoint write of ps:1 caught in 180 s ({tries} tries)"
             assert ps1.poll() is None and cluster.process("worker:0").poll() is None, cluster.log("worker:0")[-3000:]
-            complete, torn = _checkpoint_files(shard_dir)
+            complete, torn = checkpoint_files(shard_dir)
             if complete and torn and max(torn) > max(complete):
                 tries += 1
                 ps1.signal(signal.SIGSTOP)  # frozen: the directory stays as it is while we look
-                complete, torn = _checkpoint_files(shard_dir)
+                complete, torn = checkpoint_files(shard_dir)
                 if torn and max(torn) not in complete:
                     cluster.kill("ps:1")  # the write of step max(torn) is torn
                     return {"complete": complete, "torn": max(torn), "tries": tries}

@@ -11,6 +11,7 @@ non-chief worker (``launch.on_worker_failure: auto``).
 """
 
 import os
+import re
 import signal
 import time
 
@@ -37,6 +38,18 @@ def wait_until(cluster, what, ready, timeout):
 def wait_for_file(cluster, path, timeout):
     """Waits until ``path`` exists (see :func:`wait_until`)."""
     wait_until(cluster, path, lambda: os.path.exists(path), timeout)
+
+
+_TMP = re.compile(r"^ckpt-(\d{12})\.(data|json)\.tmp-[0-9a-f]{8}$")
+_MANIFEST = re.compile(r"^ckpt-(\d{12})\.json$")
+
+
+def checkpoint_files(directory):
+    """(steps with a manifest, steps with a temporary file being written) in one PS shard's checkpoint directory."""
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    complete = sorted(int(m.group(1)) for m in map(_MANIFEST.match, names) if m)
+    torn = sorted(int(m.group(1)) for m in map(_TMP.match, names) if m)
+    return complete, torn
 
 
 def ps_status(cluster, ps):
