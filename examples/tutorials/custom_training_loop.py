@@ -3,8 +3,8 @@
 https://www.tensorflow.org/tutorials/distribute/multi_worker_with_ctl — the
 code as written there; changed: the strategy line (``make_strategy()``), the
 data (8x8 digits for MNIST, no download), the sizes (few steps), Keras 3
-spellings (``reduction="none"``, ``reset_state``), and a ``record`` call
-beside each ``print``. Run it with
+spellings (``reduction="none"``, ``reset_state``), a ``strategy.barrier`` after
+the restore (below), and a ``record`` call beside each ``print``. Run it with
 
     TUTORIAL_STRATEGY=bsp python -m tfdist.launch --config configs/local_bsp.yaml \\
         examples/tutorials/custom_training_loop.py
@@ -143,6 +143,12 @@ checkpoint_manager = tf.train.CheckpointManager(checkpoint, directory=write_chec
 latest_checkpoint = tf.train.latest_checkpoint(checkpoint_dir)
 if latest_checkpoint:
     checkpoint.restore(latest_checkpoint)
+# tfdist: every worker has read the chief's checkpoint before the chief saves the next one, which deletes this one
+# (max_to_keep=1). Resumed after a finished epoch, the chief saves at once (no batches left, so no collective orders
+# it after a slower worker's restore): a race TF's tutorial has under MultiWorkerMirroredStrategy too, which has no
+# barrier (its reference run here never resumes).
+if hasattr(strategy, "barrier"):
+    strategy.barrier("restored")
 record(restored_epoch=int(epoch.numpy()), task=f"{task_type}:{task_id}")
 
 # Resume our CTL training
