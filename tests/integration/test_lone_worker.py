@@ -136,6 +136,37 @@ def test_a_fit_after_leaving_takes_part_in_the_job_again(ps_server):
         strategy.shutdown()
 
 
+def test_a_read_of_the_ps_waits_for_the_background_exchange_in_flight(ps_server, monkeypatch):
+    """ps_status() right after the background thread took the last steps (their exchange still in flight): it
+    counts them, and the values it pulls afterwards are the local ones (the exchange is slowed by 1 s here)."""
+    from tfdist.ps.update_session import UpdateSession
+
+    data = load_digits()
+    x, y = data.x_train[:320].reshape(-1, 64), data.y_train[:320]
+    strategy = _strategy(ps_server, lone_worker_exchange_s=60)  # no exchange of its own during the test
+    runtime = strategy._runtime
+    try:
+        with strategy.scope():
+            model = _model()
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        original = UpdateSession._exchange_once
+
+        def slow(self, *args, **kwargs):
+            time.sleep(1.0)  # an injected delay: a slow link or a loaded PS
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(UpdateSession, "_exchange_once", slow)
+        runtime.schedule.exchange_now(runtime)  # what the background thread does: takes the 10 steps, sends them
+        assert runtime._unsent_steps == 0 and runtime.session._exchange is not None  # in flight
+        assert strategy.ps_status()[0]["worker_batches"] == {"0": 10}
+        trained = model.get_weights()
+        strategy.pull(keep_local_writes=False)
+        for got, want in zip(model.get_weights(), trained):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    finally:
+        strategy.shutdown()
+
+
 def test_zero_exchanges_after_every_step_as_with_several_workers(ps_server, monkeypatch):
     strategy = _strategy(ps_server, lone_worker_exchange_s=0)
     runtime = strategy._runtime

@@ -175,3 +175,66 @@ def test_a_custom_loop_whose_optimizer_is_built_by_its_first_step(no_cluster, ma
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     finally:
         strategy.shutdown()
+
+
+def test_a_local_step_is_counted_after_it_wrote_its_variables(no_cluster):
+    """The step counter a local-only step adds comes after the step's variable writes in its graph.
+
+    A reader that sees the count must see the step's values: a lone worker's background exchange reads the
+    count, then the values, and a flush that finds no step unsent sends nothing. With the count free to run
+    before the optimizer's writes, an exchange sent part of the last step and counted all of it; the PS then
+    missed the rest for good (test_lone_worker's fit-after-leaving test failed so, under load).
+    """
+    import keras
+    import tensorflow as tf
+
+    import tfdist
+
+    strategy = tfdist.ParameterServerStrategy()
+    try:
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(4)])
+            optimizer = keras.optimizers.SGD(0.05)
+
+        @tf.function
+        def step(xb, yb):
+            def replica(xb, yb):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((model(xb, training=True) - yb) ** 2)
+                optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                              model.trainable_variables))
+                return loss
+
+            return strategy.run(replica, args=(xb, yb))
+
+        x, y = np.ones((4, 8), np.float32), np.zeros((4, 4), np.float32)
+        step(x, y)
+        runtime = strategy._runtime
+        assert runtime.local_only()
+        graph = step.get_concrete_function(x, y).graph
+        # the placeholder each variable's resource handle is captured as
+        inner = {id(outer): ph.op.name for outer, ph in graph.captures}
+        counter = inner[id(runtime._local_steps.handle)]
+        kernels = {inner[id(v.handle)] for v in model.trainable_variables}
+    finally:
+        strategy.shutdown()
+
+    writes = {}  # captured variable -> the ops of the step that write it
+    for op in graph.get_operations():
+        if op.type.startswith(("AssignAdd", "AssignSub", "AssignVariable", "ResourceApply")):
+            writes.setdefault(op.inputs[0].op.name, []).append(op)
+    assert kernels <= set(writes) and len(writes[counter]) == 1, {k: [o.type for o in v] for k, v in writes.items()}
+
+    def ancestors(op):
+        seen, todo = set(), [op]
+        while todo:
+            o = todo.pop()
+            for parent in [t.op for t in o.inputs] + list(o.control_inputs):
+                if parent.name not in seen:
+                    seen.add(parent.name)
+                    todo.append(parent)
+        return seen
+
+    before = ancestors(writes[counter][0])
+    missing = [op.name for k in kernels for op in writes[k] if op.name not in before]
+    assert not missing, missing

@@ -119,15 +119,25 @@ class UpdatePathRuntime(PSRuntime):
         return self.schedule.local_only
 
     def build_local_end_of_step(self) -> tf.Tensor:
-        """The end of a local-only training step: counts it; its stats (the job's step is this count)."""
-        if self.lone_failed is None:
-            step = tf.cast(self._local_steps.assign_add(1), tf.float32)
-        else:  # a lone worker stops at the step after its background exchange failed for good
-            ok = tf.debugging.Assert(tf.logical_not(self.lone_failed.read_value()), [
+        """The end of a local-only training step: counts it; its stats (the job's step is this count).
+
+        The count goes up after the step wrote its variables: a reader that
+        sees the count (the lone worker's background exchange, a flush) also
+        sees the step's values. Without the order, TensorFlow may count the
+        step before its optimizer writes: an exchange then sends part of the
+        step and counts all of it, and a flush that finds nothing unsent
+        never sends the rest. (A read of each variable orders the count
+        after the step's write to it: the function's automatic control
+        dependencies chain the ops of one variable in program order.)
+        """
+        written = [v.read_value() for v in self.variables]
+        checks = []
+        if self.lone_failed is not None:  # a lone worker stops at the step after its background exchange failed
+            checks.append(tf.debugging.Assert(tf.logical_not(self.lone_failed.read_value()), [
                 "tfdist: this worker's background exchange with the parameter servers failed (the error is in "
-                "its log, logger tfdist.strategies._schedules); training stops"])
-            with tf.control_dependencies([ok]):
-                step = tf.cast(self._local_steps.assign_add(1), tf.float32)
+                "its log, logger tfdist.strategies._schedules); training stops"]))
+        with tf.control_dependencies(written + checks):
+            step = tf.cast(self._local_steps.assign_add(1), tf.float32)
         return tf.stack([step, 0.0, 0.0, -1.0, 0.0])
 
     def _recover(self, error: PSUnavailableError, as_reader: bool) -> None:
@@ -300,7 +310,8 @@ class UpdatePathRuntime(PSRuntime):
     def flush_local_steps(self) -> None:
         """Sends the local steps the schedule held back (every-k, local-only); loads fresh values.
 
-        Row pushes still in flight are waited for first (every read of the PS after this sees them).
+        Row pushes and an overlapped exchange still in flight are waited for first (every read of the PS
+        after this sees them).
         """
         self.wait_row_pushes()
         with self._exchange_lock:
@@ -316,6 +327,11 @@ class UpdatePathRuntime(PSRuntime):
                 self.rejoin()  # local-only steps of a later fit after leave(): they take part in the job again
             if self.lifecycle.left:
                 return
+            # An exchange still in flight (overlapped, a lone worker's background one) lands first: every read of
+            # the PS after this sees the steps it carries, though none is left unsent here.
+            corrections = self._recovering(self.session.flush)
+            if corrections:
+                self.registry.add(corrections)
             if lone is not None and lone.resync and not self._unsent_steps:
                 self._unsent_steps = 1  # the PS tasks must get this lone worker's state back: a push counts a batch
             if not self._unsent_steps:
