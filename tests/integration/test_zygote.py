@@ -74,6 +74,26 @@ def test_a_forked_task_starts_with_the_strategies_imported(tmp_path):
     assert "preloaded True" in log
 
 
+def test_a_forked_task_starts_with_the_zygote_s_objects_frozen(tmp_path):
+    """The zygote freezes what its imports made (``gc.freeze``): a task's full collection skips TensorFlow's and
+    Keras's module objects (a worker runs one at exit) and writes none of the pages it shares with the zygote.
+    Its own objects are still collected."""
+    task, code, log = _run(tmp_path, """
+        import gc
+        frozen = gc.get_freeze_count()
+        class Cycle:
+            pass
+        a, b = Cycle(), Cycle()
+        a.other, b.other = b, a
+        del a, b
+        print("frozen", frozen, "collected", gc.collect())
+    """)
+    assert task.forked and code == 0, log
+    frozen, collected = (int(v) for v in log.split("frozen ")[1].split()[::2][:2])
+    assert frozen > 100_000, log  # TensorFlow, Keras and tfdist: ~400k objects
+    assert collected >= 2, log  # the task's own cycle
+
+
 def test_an_exception_exits_1_with_its_traceback(tmp_path):
     task, code, log = _run(tmp_path, "raise ValueError('broken on purpose')\n")
     assert task.forked and code == 1

@@ -108,7 +108,7 @@ class _Evaluator:
 
 
 #: What the pool's fork server imports once: each worker forked from it starts without importing TensorFlow.
-FORKSERVER_PRELOAD = ("numpy", "tensorflow", "keras", "tfdist.federated._backend")
+FORKSERVER_PRELOAD = ("numpy", "tensorflow", "keras", "tfdist.federated._backend", "tfdist.federated._preloaded")
 
 
 def _context():

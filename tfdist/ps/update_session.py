@@ -234,8 +234,24 @@ class UpdateSession(WorkerSession):
             self.stats["exchange_cpu_seconds"] += spent
 
     def flush(self) -> dict[str, np.ndarray] | None:
-        """Waits for an overlapped exchange still in flight; returns its corrections (or None)."""
+        """Waits for an overlapped exchange still in flight; returns its corrections (or None).
+
+        The next update is still taken against what the PS holds without them
+        (the caller loads fresh values next, or drops them): see :meth:`land`.
+        """
         return self._finish_exchange()
+
+    def land(self) -> dict[str, np.ndarray] | None:
+        """Waits for an overlapped exchange still in flight; returns its corrections, which the caller *adds*.
+
+        The next update is taken against the values the PS returned (the
+        corrections included), so the caller must add the corrections to its
+        local values now: they are not pushed back as this worker's own.
+        """
+        corrections = self._finish_exchange()
+        if corrections:
+            self._base = None  # base = snapshot: the PS's values, which the corrections bring the local ones to
+        return corrections
 
     def _finish_exchange(self) -> dict[str, np.ndarray] | None:
         if self._exchange is None:

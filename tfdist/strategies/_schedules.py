@@ -263,7 +263,7 @@ class LoneWorker(LocalOnly):
                     return
                 rt.rejoin()  # a later fit after leave(): its steps take part in the job again
             if not rt._unsent_steps:  # the last exchange's outcome (a lost PS is found, and recovered from, now)
-                corrections = rt._recovering(rt.session.flush)
+                corrections = rt._recovering(rt.session.land)
                 if corrections:
                     rt.registry.add(corrections)
                 return

@@ -156,7 +156,7 @@ class UpdatePathRuntime(PSRuntime):
         lone.resync = True
 
     def _before_join(self) -> None:
-        corrections = self._recovering(self.session.flush)  # an overlapped exchange in flight lands first
+        corrections = self._recovering(self.session.land)  # an overlapped exchange in flight lands first
         if corrections:
             self.registry.add(corrections)
 
@@ -329,7 +329,7 @@ class UpdatePathRuntime(PSRuntime):
                 return
             # An exchange still in flight (overlapped, a lone worker's background one) lands first: every read of
             # the PS after this sees the steps it carries, though none is left unsent here.
-            corrections = self._recovering(self.session.flush)
+            corrections = self._recovering(self.session.land)
             if corrections:
                 self.registry.add(corrections)
             if lone is not None and lone.resync and not self._unsent_steps:
