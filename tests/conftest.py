@@ -1,10 +1,12 @@
 """Shared pytest set-up: quiet TF logs, skip slow tests unless RUN_SLOW=1, a notebook runner."""
 
 import functools
+import json
 import os
 import pathlib
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -200,7 +202,8 @@ def run_notebook(tmp_path, monkeypatch):
     Every ``TFDIST_*`` variable but ``TFDIST_FAST_START`` and ``TFDIST_ZYGOTE_SOCKET`` (the zygote
     this process lends), ``TF_CONFIG`` and ``MPLBACKEND`` (so the kernel's inline backend emits PNGs)
     are removed from the environment the kernel inherits, TF's C++ logs are quietened, then ``env``
-    is set.
+    is set. With this run's zygote lent (fast start on), the kernel is forked from it
+    (``tests/_forked_kernel.py``, kernel spec ``tfdist-forked``) instead of importing TensorFlow anew.
     """
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -210,11 +213,22 @@ def run_notebook(tmp_path, monkeypatch):
             monkeypatch.delenv(name)
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
 
+    kernel_name = "python3"
+    if os.environ.get("TFDIST_ZYGOTE_SOCKET"):
+        spec = tmp_path / "jupyter" / "kernels" / "tfdist-forked"
+        spec.mkdir(parents=True)
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": [sys.executable, str(ROOT / "tests" / "_forked_kernel.py"), "-f", "{connection_file}"],
+            "display_name": "Python 3 (forked from the tests' zygote)", "language": "python"}))
+        monkeypatch.setenv("JUPYTER_PATH", os.pathsep.join(filter(None, [str(tmp_path / "jupyter"),
+                                                                          os.environ.get("JUPYTER_PATH")])))
+        kernel_name = "tfdist-forked"
+
     def run(name: str, timeout: float, env: dict | None = None) -> NotebookRun:
         for key, value in (env or {}).items():
             monkeypatch.setenv(key, value)
         nb = nbformat.read(COLAB / name, as_version=4)
-        client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+        client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
                                          resources={"metadata": {"path": str(tmp_path)}})
         client.execute()
         return NotebookRun(nb)
