@@ -133,3 +133,35 @@ def test_ssp_cannot_overlap(cluster):
     with pytest.raises(Exception, match="ASP"):
         s.end_overlapped(_initial())
     s.close(done=False)
+
+
+@pytest.mark.parametrize("then", ["end", "end_overlapped"])
+def test_corrections_a_worker_adds_at_once_are_not_pushed_back(cluster, then):
+    """``land()``: the exchange in flight lands, and the caller adds its corrections (another worker's update)
+    to its values now, then pushes again (a flush before ps_status or a join does so). The next update is
+    taken against the PS's values, so the other worker's update is not sent back as this worker's own;
+    ``flush()``'s callers, which load fresh values instead, keep the old base (the other tests here)."""
+    chief, other = _session(cluster, 0), _session(cluster, 1)
+    start = _initial()
+    chief.initialize(start)
+    theirs = other.initialize({})
+    rng = np.random.default_rng(3)
+    v = {k: _update(rng, a.shape) for k, a in start.items()}
+    other.sync({k: theirs[k] + v[k] for k in theirs})  # lands before the chief's exchange below
+    u1 = {k: _update(rng, a.shape) for k, a in start.items()}
+    local = {k: start[k] + u1[k] for k in start}
+    assert chief.end_overlapped(local) is None  # in flight
+    corrections = chief.land()
+    for k in start:
+        np.testing.assert_array_equal(corrections[k], v[k])
+        local[k] = local[k] + corrections[k]
+    u2 = {k: _update(rng, a.shape) for k, a in start.items()}
+    local = {k: local[k] + u2[k] for k in start}
+    if then == "end":
+        chief.end(local)
+    else:
+        assert chief.end_overlapped(local) is None  # nothing else landed: no correction
+        assert chief.flush() is None
+    for k, got in _ps_values(chief).items():
+        np.testing.assert_array_equal(got, start[k] + v[k] + u1[k] + u2[k])  # v once, bit for bit
+    chief.close(done=False), other.close(done=False)

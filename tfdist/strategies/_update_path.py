@@ -126,11 +126,14 @@ class UpdatePathRuntime(PSRuntime):
         sees the step's values. Without the order, TensorFlow may count the
         step before its optimizer writes: an exchange then sends part of the
         step and counts all of it, and a flush that finds nothing unsent
-        never sends the rest. (A read of each variable orders the count
-        after the step's write to it: the function's automatic control
-        dependencies chain the ops of one variable in program order.)
+        never sends the rest. (An op on each variable's handle orders the
+        count after the step's write to it: the function's automatic control
+        dependencies chain the ops of one variable in program order. It is
+        ``VarIsInitializedOp``, which reads no data: a read would copy a
+        variable that sparse updates put in copy-on-read mode, every step.)
         """
-        written = [v.read_value() for v in self.variables]
+        written = [gen_resource_variable_ops.var_is_initialized_op(v.handle) if _plain_handle(v) else v.read_value()
+                   for v in self.variables]
         checks = []
         if self.lone_failed is not None:  # a lone worker stops at the step after its background exchange failed
             checks.append(tf.debugging.Assert(tf.logical_not(self.lone_failed.read_value()), [
@@ -398,6 +401,12 @@ def _fold(var: tf.Variable, correction: tf.Tensor) -> tf.Operation:
 
     return tf.cond(tf.size(correction) > 0, add, tf.no_op)
 
+
+
+def _plain_handle(var) -> bool:
+    """Whether ``var`` has a resource handle an op may take as is (a plain resource variable)."""
+    handle = getattr(var, "handle", None)
+    return isinstance(handle, tf.Tensor) and handle.dtype == tf.resource
 
 def _loss_input(result) -> tuple[tf.Tensor, bool]:
     """The step's scalar loss as a float32 input of the end-of-step py_function (0 when there is none)."""
