@@ -82,10 +82,28 @@ def test_backup_and_restore_restores_every_worker_from_the_chiefs_backup(tmp_pat
     assert os.path.exists(tmp_path / "backup" / "latest.weights.h5")  # the chief's backup is the chief's to delete
 
 
-def _before_this_process(directory):
-    when = _worker_files._process_start_time() - 60
+def _before_this_process(directory, seconds=60.0):
+    when = _worker_files._process_start_time() - seconds
     for name in os.listdir(directory):
         os.utime(directory / name, (when, when))
+
+
+def test_the_backup_of_a_run_that_ended_just_before_this_process_started_is_restored(tmp_path):
+    """A job started again at once (its tasks forked in a second): the backup its last run wrote 0.3 s before this
+    worker started is the one it resumes from (the chief restores it too). A margin of a second took it for the
+    chief's backup of this run, and the worker trained from epoch 0 while the chief resumed."""
+    chief, other = _model(0), _model(1)
+    chief.set_weights([np.full((2, 1), 3.0, "float32"), np.zeros(1, "float32")])
+    os.makedirs(tmp_path / "backup")
+    chief.save_weights(str(tmp_path / "backup" / "latest.weights.h5"))
+    with open(tmp_path / "backup" / "training_metadata.json", "w") as f:
+        json.dump({"epoch": 2}, f)
+    _before_this_process(tmp_path / "backup", seconds=0.3)
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    cb_list = keras.callbacks.CallbackList([backup], model=other)
+    cb_list.on_train_begin()
+    assert other._initial_epoch == 2 and np.all(other.get_weights()[0] == 3.0)
+    cb_list.on_train_end()
 
 
 def test_a_backup_the_chief_wrote_while_this_worker_ran_is_not_restored(tmp_path):
@@ -112,6 +130,18 @@ def test_the_process_start_time_is_this_process(tmp_path):
     import time
     start = _worker_files._process_start_time()
     assert _worker_files._IMPORTED - 3600 <= start <= _worker_files._IMPORTED + 1 <= time.time() + 1, start
+    # to a few clock ticks: a process started now says it started between before and after (not a second early)
+    read, write = os.pipe()
+    before = time.time()
+    pid = os.fork()
+    if pid == 0:  # the child: only reads /proc and the clocks, then leaves without any clean-up
+        os.write(write, f"{_worker_files._process_start_time()} {time.time()}".encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child_start, child_now = (float(v) for v in f.read().split())
+    os.waitpid(pid, 0)
+    assert before - 0.03 <= child_start <= child_now, (before, child_start, child_now)
 
 
 def test_model_save_writes_a_temporary_file_and_renames_it(tmp_path, monkeypatch):

@@ -136,26 +136,34 @@ def _redirect_backup(callback, worker: int) -> None:
 
 
 def _process_start_time() -> float:
-    """When this process started, in ``time.time()`` seconds (a forked child's own start, not its parent's)."""
+    """When this process started, in ``time.time()`` seconds (a forked child's own start, not its parent's).
+
+    ``/proc/self/stat`` gives the start in clock ticks after boot (10 ms); the boot's own time is this clock
+    less the time since boot (``CLOCK_BOOTTIME``, which the kernel counts the start from), not ``/proc/stat``'s
+    ``btime`` (whole seconds, which put the start up to a second early).
+    """
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time, clock ticks after boot
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
         return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+    except (OSError, ValueError, IndexError, AttributeError):
         return _IMPORTED
 
 
 _IMPORTED = time.time()
+#: How much earlier than its computed start a file counts as written while this process ran (2 clock ticks).
+START_MARGIN_S = 0.02
 
 
 def _written_while_running(callback) -> bool:
     """Whether the chief's backup at ``callback``'s paths was written after this process started."""
     paths = [getattr(callback, name, None) for name in ("_weights_path", "_training_metadata_path")]
-    # btime and the tick count are whole seconds and ticks: a second's margin keeps a backup from the
-    # second this process started out of doubt the safe way (not restored)
-    start = _process_start_time() - 1.0
+    # the start is known to a clock tick (10 ms): a backup from the ticks around it is out of doubt taken as
+    # written while this process ran (not restored). A wider margin took the backup of the run before, written
+    # a second before this run's worker started (a quick relaunch), for the chief's: that worker then
+    # started from epoch 0 while the chief resumed (a synchronous job waits for it until its calls time out).
+    start = _process_start_time() - START_MARGIN_S
     try:
         return any(os.path.getmtime(p) >= start for p in paths if p and os.path.exists(p))
     except OSError:  # removed meanwhile (the chief's fit ended): nothing to restore
