@@ -59,6 +59,14 @@ def _ps_batches(runtime) -> int:
     return int(meta["worker_batches"].get("0", 0))
 
 
+def _assert_the_ps_holds_the_local_state(strategy, model):
+    """A pull that drops local writes leaves the weights as they were (up to float rounding): the PS holds them."""
+    trained = model.get_weights()
+    strategy.pull(keep_local_writes=False)
+    for got, want in zip(model.get_weights(), trained):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_lone_worker_steps_without_an_exchange_and_trains_as_plain_keras(ps_server, monkeypatch):
     import keras
 
@@ -128,10 +136,7 @@ def test_a_fit_after_leaving_takes_part_in_the_job_again(ps_server):
         model.fit(x, y, batch_size=32, epochs=1, verbose=0)
         assert strategy.ps_status()[0]["worker_batches"] == {"0": 20}
         assert not strategy._runtime.lifecycle.left
-        trained = model.get_weights()
-        strategy.pull(keep_local_writes=False)
-        for got, want in zip(model.get_weights(), trained):
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        _assert_the_ps_holds_the_local_state(strategy, model)
     finally:
         strategy.shutdown()
 
@@ -159,10 +164,7 @@ def test_a_read_of_the_ps_waits_for_the_background_exchange_in_flight(ps_server,
         runtime.schedule.exchange_now(runtime)  # what the background thread does: takes the 10 steps, sends them
         assert runtime._unsent_steps == 0 and runtime.session._exchange is not None  # in flight
         assert strategy.ps_status()[0]["worker_batches"] == {"0": 10}
-        trained = model.get_weights()
-        strategy.pull(keep_local_writes=False)
-        for got, want in zip(model.get_weights(), trained):
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        _assert_the_ps_holds_the_local_state(strategy, model)
     finally:
         strategy.shutdown()
 

@@ -67,11 +67,7 @@ def test_the_chief_writes_the_paths_it_was_given(tmp_path):
 
 def test_backup_and_restore_restores_every_worker_from_the_chiefs_backup(tmp_path):
     chief, other = _model(0), _model(1)
-    chief.set_weights([np.full((2, 1), 3.0, "float32"), np.zeros(1, "float32")])
-    os.makedirs(tmp_path / "backup")
-    chief.save_weights(str(tmp_path / "backup" / "latest.weights.h5"))
-    with open(tmp_path / "backup" / "training_metadata.json", "w") as f:
-        json.dump({"epoch": 2}, f)
+    _write_chief_backup(chief, tmp_path / "backup")
     _before_this_process(tmp_path / "backup")  # a backup of the job this worker resumes
     backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
     cb_list = keras.callbacks.CallbackList([backup], model=other)
@@ -80,6 +76,15 @@ def test_backup_and_restore_restores_every_worker_from_the_chiefs_backup(tmp_pat
     assert not backup.backup_dir.startswith(str(tmp_path))  # its own backups go elsewhere
     cb_list.on_train_end()
     assert os.path.exists(tmp_path / "backup" / "latest.weights.h5")  # the chief's backup is the chief's to delete
+
+
+def _write_chief_backup(chief, directory):
+    """The chief's BackupAndRestore files after epoch 2, its kernel all 3.0."""
+    chief.set_weights([np.full((2, 1), 3.0, "float32"), np.zeros(1, "float32")])
+    os.makedirs(directory)
+    chief.save_weights(str(directory / "latest.weights.h5"))
+    with open(directory / "training_metadata.json", "w") as f:
+        json.dump({"epoch": 2}, f)
 
 
 def _before_this_process(directory, seconds=60.0):
@@ -93,11 +98,7 @@ def test_the_backup_of_a_run_that_ended_just_before_this_process_started_is_rest
     worker started is the one it resumes from (the chief restores it too). A margin of a second took it for the
     chief's backup of this run, and the worker trained from epoch 0 while the chief resumed."""
     chief, other = _model(0), _model(1)
-    chief.set_weights([np.full((2, 1), 3.0, "float32"), np.zeros(1, "float32")])
-    os.makedirs(tmp_path / "backup")
-    chief.save_weights(str(tmp_path / "backup" / "latest.weights.h5"))
-    with open(tmp_path / "backup" / "training_metadata.json", "w") as f:
-        json.dump({"epoch": 2}, f)
+    _write_chief_backup(chief, tmp_path / "backup")
     _before_this_process(tmp_path / "backup", seconds=0.3)
     backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
     cb_list = keras.callbacks.CallbackList([backup], model=other)
@@ -109,12 +110,8 @@ def test_the_backup_of_a_run_that_ended_just_before_this_process_started_is_rest
 def test_a_backup_the_chief_wrote_while_this_worker_ran_is_not_restored(tmp_path):
     """Asynchronous workers drift apart: the chief's backup of the fit it is running is not this worker's start."""
     chief, other = _model(0), _model(1)
-    chief.set_weights([np.full((2, 1), 3.0, "float32"), np.zeros(1, "float32")])
     before = [w.copy() for w in other.get_weights()]
-    os.makedirs(tmp_path / "backup")
-    chief.save_weights(str(tmp_path / "backup" / "latest.weights.h5"))
-    with open(tmp_path / "backup" / "training_metadata.json", "w") as f:
-        json.dump({"epoch": 2}, f)
+    _write_chief_backup(chief, tmp_path / "backup")
     backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
     cb_list = keras.callbacks.CallbackList([backup], model=other)
     cb_list.on_train_begin()
