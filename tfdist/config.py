@@ -311,10 +311,13 @@ class StrategyConfig:
             its exchanges and its steps take: the fewest steps per exchange
             that keep the worker's exchange CPU within a tenth of its steps'
             (:class:`~tfdist.strategies._schedules.Adaptive`), from 1 to
-            ``exchange_every_max``. Opt-in: local steps can cost accuracy
-            at a fixed number of steps, most with a large learning rate (a
-            digits job with Adam 1e-2 lost about 0.1 of held-out accuracy at
-            k = 4; see docs/benchmarks.md). Defaults to ``1``.
+            ``exchange_every_max``, and never more steps than keep one
+            exchange's update within 1 % of the weights it changes (local
+            steps cost accuracy when the weights move fast: a digits job
+            with Adam 1e-2 lost about 0.1 of held-out accuracy at a fixed
+            k = 4; the bound keeps such a job at 1-2 steps per exchange; see
+            docs/benchmarks.md). Defaults to ``"auto"`` under ``async`` and
+            ``1`` (the only value they take) under the other modes.
         exchange_every_max: The most steps per exchange ``exchange_every:
             auto`` may choose: the bound on how many steps a worker's update
             may wait before it reaches the PS. Defaults to ``8``.
@@ -338,7 +341,7 @@ class StrategyConfig:
     window: int | None = None
     delta: float | None = None
     overlap_exchange: bool = True
-    exchange_every: int | str = 1
+    exchange_every: int | str | None = None
     exchange_every_max: int = 8
     lone_worker_exchange_s: float = 0.1
 
@@ -352,6 +355,8 @@ class StrategyConfig:
             raise _fail("strategy.consistency", self.consistency, f"Use one of {list(MODES)}.")
         mode = MODES[self.consistency]
         k = self.exchange_every
+        if k is None:
+            k = self.steps_per_exchange  # the mode's default
         if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise _fail("strategy.exchange_every", k,
                         'Give an integer >= 1 (steps per exchange with the PS), or "auto".')
@@ -381,6 +386,15 @@ class StrategyConfig:
             raise _fail("strategy.window", self.window, "Give an integer >= 1 (global clocks per loss window).")
         if self.delta is not None:
             _check_number("strategy.delta", self.delta, low=0)
+
+    @property
+    def steps_per_exchange(self) -> int | str:
+        """``exchange_every``, or the mode's default when it is ``None``: ``"auto"`` where local steps exist."""
+        if self.exchange_every is not None:
+            return self.exchange_every
+        from tfdist.consistency import MODES
+
+        return "auto" if MODES[self.consistency].local_steps else 1
 
     def _param(self, name: str) -> Any:
         """A parameter of the chosen mode: this section's field, or the mode's default when it is ``None``."""

@@ -6,6 +6,8 @@ The join itself, with real PS tasks and Keras models in every mode, is
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfdist.config import JobConfig
 from tfdist.consistency import AsyncPolicy, policy_from_spec
@@ -15,8 +17,9 @@ from tfdist.ps.placement import GreedyPlacement, RoundRobinPlacement, VariableSp
 from tfdist.ps.protocol import RequestError
 from tfdist.ps.server import ParameterService
 from tfdist.ps.store import ParameterStore
+from tfdist.ps.update_session import relative_update
 from tfdist.strategies._schedules import (Adaptive, Blocking, EveryK, LocalOnly, LoneWorker, Overlapped, choose_schedule,
-                                         steps_per_exchange)
+                                          measured_keys, steps_per_exchange, steps_within_bound)
 
 BASE = [VariableSpec("0000/a", "float32", (4, 2)), VariableSpec("0001/b", "float32", (3,))]
 NEW = [VariableSpec("0002/head/kernel", "float32", (2, 2)), VariableSpec("0003/head/bias", "float32", (2,))]
@@ -109,15 +112,17 @@ def _config(**strategy):
 
 
 @pytest.mark.parametrize("spec, config, single, expected", [
-    ({"policy": "async"}, {}, False, "overlapped"),
-    ({"policy": "async"}, {"overlap_exchange": False}, False, "blocking"),
+    ({"policy": "async"}, {}, False, "every-auto (1..8, overlapped)"),  # the default: the steps per exchange adapt
+    ({"policy": "async"}, {"exchange_every": 1}, False, "overlapped"),
+    ({"policy": "async"}, {"overlap_exchange": False}, False, "every-auto (1..8, blocking)"),
+    ({"policy": "async"}, {"exchange_every": 1, "overlap_exchange": False}, False, "blocking"),
     ({"policy": "ssp", "staleness": 2}, {}, False, "blocking"),
     ({"policy": "dtssp"}, {}, False, "blocking"),
     ({"policy": "async"}, {"exchange_every": 4}, False, "every-4 (overlapped)"),
     ({"policy": "async"}, {"exchange_every": 4, "overlap_exchange": False}, False, "every-4 (blocking)"),
     ({"policy": "async"}, {}, True, "local-only"),
     ({"policy": "async"}, {"workers": 1}, False, "lone-worker"),
-    ({"policy": "async"}, {"workers": 1, "lone_worker_exchange_s": 0}, False, "overlapped"),
+    ({"policy": "async"}, {"workers": 1, "lone_worker_exchange_s": 0}, False, "every-auto (1..8, overlapped)"),
     ({"policy": "ssp", "staleness": 2}, {"workers": 1}, False, "blocking"),
     ({"policy": "async"}, {"exchange_every": "auto"}, False, "every-auto (1..8, overlapped)"),
     ({"policy": "async"}, {"exchange_every": "auto", "exchange_every_max": 3, "overlap_exchange": False}, False,
@@ -161,6 +166,45 @@ def test_auto_follows_the_measured_cpu_and_holds_steps_by_it():
     smooth.observe(0.014, 0.004, 1)  # 4 / 10 ms
     assert smooth.observe(0.014 + 0.104, 0.008, 1) == 1  # smoothed: a step (10 + 100) / 2 = 55 ms, exchange 4 ms
     assert smooth.step_cpu_s == pytest.approx(0.055)
+
+
+def test_an_update_is_measured_by_its_largest_relative_change():
+    values = {"a": np.full(4, 2.0, np.float32), "b": np.ones((2, 2), np.float32), "zero": np.zeros(3, np.float32)}
+    deltas = {"a": np.full(4, 0.02, np.float32), "b": np.full((2, 2), 0.05, np.float32),
+              "zero": np.zeros(3, np.float32)}
+    assert relative_update(deltas, values, {"a"}) == pytest.approx(0.01)
+    assert relative_update(deltas, values, {"a", "b"}) == pytest.approx(0.05)  # the largest of them
+    assert relative_update(deltas, values, {"zero", "missing"}) == 0.0  # unchanged zeros; unknown keys skipped
+    assert relative_update({"zero": np.ones(3, np.float32)}, values, {"zero"}) == float("inf")
+    specs = [VariableSpec("0/k", "float32", (4, 3)), VariableSpec("1/b", "float32", (3,)),
+             VariableSpec("2/steps", "int64", (2, 2)), VariableSpec("3/mean", "float32", (3, 3), trainable=False)]
+    assert measured_keys(specs) == {"0/k"}  # trainable floating matrices only
+    assert measured_keys(specs[1:]) == {"1/b"}  # no matrix: every trainable floating variable
+
+
+def test_auto_never_holds_more_steps_than_the_update_size_allows():
+    """A job whose weights move fast (a large learning rate) keeps exchanging every step, whatever the CPU says."""
+    assert steps_within_bound(0.002, 1, 0.01) == pytest.approx(5.0)
+    assert steps_within_bound(0.0, 3, 0.01) == float("inf")
+    auto = Adaptive(Overlapped(), most=8, smoothing=1.0, update_bound=0.01)
+    auto.observe(1.0, 0.5, 1, update_size=0.002)
+    # the CPU alone would take 4 steps (previous test); 0.3 % per step allows 3
+    assert auto.observe(1.014, 0.504, 1, update_size=0.003) == 3
+    assert auto.observe(1.014 + 0.042, 0.508, 3, update_size=0.04) == 1  # 3 steps moved 4 %: every step
+    assert auto.observe(1.1, 0.512, 1, update_size=None) == 1  # no measure (nothing trainable): the last bound holds
+    assert auto.observe(1.2, 0.6, 1, update_size=1e-5) == 8  # barely moving, costly exchanges: most
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 0.1), st.integers(1, 8),
+                          st.one_of(st.none(), st.floats(0, 10), st.just(float("inf")))), min_size=1, max_size=12),
+       st.integers(1, 8))
+def test_auto_chooses_between_one_and_its_most_steps_whatever_it_measures(reads, most):
+    auto = Adaptive(Blocking(), most=most)
+    process = exchange = 0.0
+    for dp, de, steps, size in reads:
+        process, exchange = process + dp, exchange + de
+        assert 1 <= auto.observe(process, exchange, steps, update_size=size) <= most
 
 
 # ------------------------------------------------------------------ the worker's registry

@@ -341,6 +341,9 @@ class WorkerSession(SessionJoins, SessionRecovery, SessionTables):
         """Pushes ``current - snapshot`` (the sum of ``steps`` local steps) and returns fresh values."""
         return self._push(current, loss, pull=True, steps=steps)
 
+    def _measure_update(self, deltas: Mapping[str, np.ndarray], current: Mapping[str, np.ndarray]) -> None:
+        """A hook for the update about to be pushed (the update path measures its size)."""
+
     def _push(self, current: Mapping[str, np.ndarray], loss: float | None, pull: bool, steps: int = 1
               ) -> dict[str, np.ndarray] | None:
         if not self._snapshot:
@@ -348,6 +351,7 @@ class WorkerSession(SessionJoins, SessionRecovery, SessionTables):
         start = time.perf_counter()
         base = self._base if self._base is not None else self._snapshot
         deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
+        self._measure_update(deltas, current)
         parts = self._split(deltas)
         requests = self._push_requests(parts, self.state.clock + 1, loss, pull and self.push_pull, steps)
         replies = self._request_many(requests)

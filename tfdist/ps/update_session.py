@@ -27,7 +27,30 @@ from tfdist.wire import ALIGNMENT, aligned_empty
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Corrections", "FlatLayout", "UpdateSession"]
+__all__ = ["Corrections", "FlatLayout", "UpdateSession", "relative_update"]
+
+
+def relative_update(deltas: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray], keys) -> float:
+    """How large an update is against the values it changes: the largest ``|delta| / |value|`` (L2) of ``keys``.
+
+    Only the keys in both mappings count (a key's norm over its whole
+    array). A variable whose values are all zero counts as changed without
+    bound when its delta is not zero. 0 when no key counts.
+
+    >>> relative_update({"w": np.full(4, 0.01)}, {"w": np.ones(4)}, {"w"})
+    0.01
+    """
+    largest = 0.0
+    for key in keys:
+        delta, value = deltas.get(key), values.get(key)
+        if delta is None or value is None:
+            continue
+        d = np.asarray(delta).ravel()
+        v = np.asarray(value).ravel()
+        d2, v2 = float(np.vdot(d, d)), float(np.vdot(v, v))
+        if d2 > 0:
+            largest = max(largest, math.sqrt(d2 / v2) if v2 > 0 else math.inf)
+    return largest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +147,10 @@ class UpdateSession(WorkerSession):
         #: Set by the runtime: overlapped exchanges write corrections into one buffer laid out so (or None).
         self.flat_layout: FlatLayout | None = None
         self._exchange_thread: ThreadPoolExecutor | None = None
+        #: Set by ``exchange_every: auto``: the variables whose update size each push measures (or None).
+        self.update_size_keys: frozenset[str] | None = None
+        #: The last push's update, relative to the values it was taken from (see :func:`relative_update`).
+        self.last_update_size: float | None = None
         self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0, "overlap_wait_seconds": 0.0,
                            "exchange_cpu_seconds": 0.0})
         #: ``(clock started, min clock the cache is guaranteed to include)`` per step, for audits:
@@ -205,6 +232,7 @@ class UpdateSession(WorkerSession):
             corrections = self._finish_exchange()
             base = self._base if self._base is not None else self._snapshot
             deltas = {k: np.subtract(np.asarray(current[k]), base[k]) for k in self._snapshot}
+            self._measure_update(deltas, current)
             self.state.clock += 1
             args = (deltas, loss, self.state.clock, self._snapshot, list(self.state.versions), steps)
             try:
@@ -220,6 +248,11 @@ class UpdateSession(WorkerSession):
         self.stats["syncs"] += 1
         self.stats["sync_seconds"] += time.perf_counter() - start
         return corrections
+
+    def _measure_update(self, deltas: Mapping[str, np.ndarray], current: Mapping[str, np.ndarray]) -> None:
+        """Records :attr:`last_update_size` of an update about to be pushed (when ``update_size_keys`` asks)."""
+        if self.update_size_keys is not None:
+            self.last_update_size = relative_update(deltas, current, self.update_size_keys)
 
     @contextlib.contextmanager
     def _counting_exchange_cpu(self, client_threads: bool = True):

@@ -53,6 +53,7 @@ UpdatePathRuntime = Any
 
 __all__ = [
     "AUTO_EXCHANGE_CPU_SHARE",
+    "AUTO_UPDATE_BOUND",
     "SINGLE_PROCESS_EXCHANGE_EVERY",
     "Adaptive",
     "Blocking",
@@ -62,7 +63,9 @@ __all__ = [
     "Overlapped",
     "Schedule",
     "choose_schedule",
+    "measured_keys",
     "steps_per_exchange",
+    "steps_within_bound",
 ]
 
 logger = logging.getLogger(__name__)
@@ -146,6 +149,30 @@ def steps_per_exchange(exchange_cpu_s: float, step_cpu_s: float, share: float, m
     return max(1, min(most, math.ceil(exchange_cpu_s / (share * step_cpu_s) - 1e-9)))
 
 
+#: ``exchange_every: auto``: how large one exchange's update may be against the values it changes (the largest
+#: ratio of L2 norms over the trainable weight matrices, :func:`tfdist.ps.update_session.relative_update`).
+#: Local steps cost accuracy when the model moves much between exchanges (a large learning rate: a digits MLP with
+#: Adam 1e-2 moves ~0.8 % per step and lost ~0.1 of accuracy at 4 steps per exchange; with Adam 1e-4 an MLP
+#: moves ~0.07 % per step and lost nothing at 5-8, docs/benchmarks.md).
+AUTO_UPDATE_BOUND = 0.01
+
+
+def steps_within_bound(update_size: float, steps: int, bound: float) -> float:
+    """How many steps' update may reach ``bound``, from one of ``steps`` steps that reached ``update_size``.
+
+    Linear in the steps (as updates in one direction add up; updates that
+    partly cancel grow slower, and repeated use settles at the bound).
+
+    >>> steps_within_bound(0.002, 1, 0.01)   # a step moves the weights 0.2 %: 5 steps per exchange
+    5.0
+    >>> steps_within_bound(0.03, 4, 0.01)    # 4 steps moved them 3 %: 1.33 steps
+    1.3333333333333333
+    """
+    if update_size <= 0:
+        return math.inf
+    return steps * bound / update_size
+
+
 class Adaptive(Schedule):
     """ASP with ``exchange_every: auto``: ``every`` follows the measured CPU of exchanges and steps.
 
@@ -155,11 +182,19 @@ class Adaptive(Schedule):
     their difference over the steps sent is one step's CPU. Both are
     smoothed (exponentially, ``smoothing``) and ``every`` becomes
     :func:`steps_per_exchange` of them, from 1 to ``most``. It starts at 1.
+
+    The size of the update also bounds it: the session measures each
+    update against the values it changes (``session.last_update_size``, the
+    trainable weight matrices), and ``every`` never exceeds the steps whose
+    update stays within ``update_bound`` (:func:`steps_within_bound`,
+    smoothed likewise). A job that moves its weights fast (a large learning
+    rate) keeps exchanging every step, one that moves them slowly may wait.
     """
 
     def __init__(self, inner: Schedule, most: int, share: float = AUTO_EXCHANGE_CPU_SHARE,
-                 smoothing: float = 0.3, process_time=time.process_time):
+                 smoothing: float = 0.3, process_time=time.process_time, update_bound: float = AUTO_UPDATE_BOUND):
         self.inner, self.most, self.share, self.smoothing = inner, int(most), float(share), float(smoothing)
+        self.update_bound = float(update_bound)
         self.every = 1
         self.overlapped = inner.overlapped
         self.name = f"every-auto (1..{self.most}, {inner.name})"
@@ -168,27 +203,60 @@ class Adaptive(Schedule):
         #: Smoothed CPU seconds of one exchange and of one step (None before the second exchange).
         self.exchange_cpu_s: float | None = None
         self.step_cpu_s: float | None = None
+        #: Smoothed steps whose update stays within ``update_bound`` (None before the first measured update).
+        self.steps_in_bound: float | None = None
+        self._measured_specs = -1  # how many registered variables ``session.update_size_keys`` was built from
 
     def exchange(self, rt, values, loss, steps) -> None:
+        session = rt.session
+        specs = rt.registry.specs
+        if self._measured_specs != len(specs):  # (variables may join the job later)
+            session.update_size_keys = measured_keys(specs)
+            self._measured_specs = len(specs)
+        session.last_update_size = None
         self.inner.exchange(rt, values, loss, steps)
         before = self.every
-        self.observe(self._process_time(), float(rt.session.stats.get("exchange_cpu_seconds", 0.0)), steps)
+        self.observe(self._process_time(), float(session.stats.get("exchange_cpu_seconds", 0.0)), steps,
+                     session.last_update_size)
         if self.every != before:
             logger.info("worker %d: exchange_every auto: %d step(s) per exchange (an exchange ~%.1f ms of CPU, a "
-                        "step ~%.1f ms)", rt.worker_id, self.every, 1e3 * self.exchange_cpu_s, 1e3 * self.step_cpu_s)
+                        "step ~%.1f ms; %s step(s) move the weights %.1f %%)", rt.worker_id, self.every,
+                        1e3 * (self.exchange_cpu_s or 0.0), 1e3 * (self.step_cpu_s or 0.0),
+                        "%.1f" % self.steps_in_bound if self.steps_in_bound is not None else "any",
+                        100 * self.update_bound)
 
-    def observe(self, process_cpu_s: float, exchange_cpu_s: float, steps: int) -> int:
-        """Takes the counters read at an exchange of ``steps`` steps; returns the new ``every``."""
-        last, self._last = self._last, (process_cpu_s, exchange_cpu_s)
-        if last is None or steps < 1:
-            return self.every
-        exchange = max(exchange_cpu_s - last[1], 0.0)
-        step = max(process_cpu_s - last[0] - exchange, 0.0) / steps
+    def observe(self, process_cpu_s: float, exchange_cpu_s: float, steps: int,
+                update_size: float | None = None) -> int:
+        """Takes the counters read at an exchange of ``steps`` steps (and its update's size); returns ``every``."""
         a = self.smoothing
-        self.exchange_cpu_s = exchange if self.exchange_cpu_s is None else (1 - a) * self.exchange_cpu_s + a * exchange
-        self.step_cpu_s = step if self.step_cpu_s is None else (1 - a) * self.step_cpu_s + a * step
-        self.every = steps_per_exchange(self.exchange_cpu_s, self.step_cpu_s, self.share, self.most)
+        if update_size is not None and steps >= 1:
+            allowed = min(steps_within_bound(update_size, steps, self.update_bound), float(self.most))
+            self.steps_in_bound = allowed if self.steps_in_bound is None else (1 - a) * self.steps_in_bound + a * allowed
+        last, self._last = self._last, (process_cpu_s, exchange_cpu_s)
+        if last is not None and steps >= 1:
+            exchange = max(exchange_cpu_s - last[1], 0.0)
+            step = max(process_cpu_s - last[0] - exchange, 0.0) / steps
+            self.exchange_cpu_s = exchange if self.exchange_cpu_s is None else (1 - a) * self.exchange_cpu_s + a * exchange
+            self.step_cpu_s = step if self.step_cpu_s is None else (1 - a) * self.step_cpu_s + a * step
+        if self.exchange_cpu_s is None:
+            return self.every
+        every = steps_per_exchange(self.exchange_cpu_s, self.step_cpu_s, self.share, self.most)
+        if self.steps_in_bound is not None:
+            every = min(every, max(1, math.floor(self.steps_in_bound + 1e-9)))
+        self.every = every
         return self.every
+
+
+def measured_keys(specs) -> frozenset[str]:
+    """The variables whose update ``exchange_every: auto`` measures: the trainable floating matrices.
+
+    Biases and other vectors start at zero and would count as changed
+    without bound; when a model has no trainable matrix, every trainable
+    floating variable counts.
+    """
+    floating = [s for s in specs if s.trainable and np.dtype(s.dtype).kind == "f"]
+    matrices = [s for s in floating if len(s.shape) >= 2]
+    return frozenset(s.key for s in (matrices or floating))
 
 
 class LocalOnly(Schedule):
@@ -310,8 +378,9 @@ def choose_schedule(config: JobConfig, policy: ConsistencyPolicy, worker_id: int
     """The schedule of an update-path worker (see the module's table); ``single_process``: in-process PS."""
     asp = policy.refresh_every_step and policy.staleness == math.inf
     per_step: Schedule = Overlapped() if asp and config.strategy.overlap_exchange else Blocking()
-    auto = asp and config.strategy.exchange_every == "auto"
-    every = int(config.strategy.exchange_every) if asp and not auto else 1
+    k = config.strategy.steps_per_exchange
+    auto = asp and k == "auto"
+    every = int(k) if asp and not auto else 1
     if every > 1:
         return EveryK(per_step, every)
     if not asp:

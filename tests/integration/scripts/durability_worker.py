@@ -168,6 +168,8 @@ def main():
         "accuracy": float(accuracy),
         "accuracy_after_own_fit": None if own_fit is None else float(own_fit),  # --barrier: before it
         "recoveries": runtime.session.stats["recoveries"],
+        "syncs": runtime.session.stats["syncs"],
+        "steps_per_exchange": getattr(runtime, "exchange_every", None),  # (the update path's schedule, at the end)
         "lone_worker": bool(runtime.local_only() and getattr(runtime, "lone_worker", False)),
         "ps_status": [{k: st.get(k) for k in ("incarnation", "restored_from", "progress", "global_step",
                                               "state_step", "checkpoint", "joins", "worker_batches", "bytes")}
