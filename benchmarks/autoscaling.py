@@ -96,7 +96,9 @@ def job_config(label: str, workers: int, elastic: dict, args) -> dict:
     return {
         "name": f"autoscaling-{label}",
         "cluster": {"ps": 1, "worker": workers},
-        "strategy": {"consistency": "async"},
+        # one step per update: the knee is in updates/s (the default, exchange_every: auto, would send several of
+        # the emulated steps, which sleep rather than compute, in one update)
+        "strategy": {"consistency": "async", "exchange_every": 1},
         "ps": {"max_updates_per_s": args.max_updates_per_s, "heartbeat_interval_s": 1, "heartbeat_timeout_s": 10},
         "elastic": {"total_batches": args.total_batches, "interval_batches": args.interval_batches,
                     "min_samples": args.min_samples, "warmup_batches": args.warmup_batches,

@@ -223,6 +223,9 @@ def _start_tasks(net, config: str, hosts: dict[str, str], args: list[str], threa
         job.cluster = ClusterConfig(**cluster)
         job.ps.placement = "greedy"  # the PS benchmark's settings
         job.ps.partition_threshold_bytes = 1024 * 1024
+        # Every step's update crosses the link (the default, exchange_every: auto, may hold steps when the
+        # exchange costs CPU; on a capped link it mostly waits, not computes): bytes per step compare with all-reduce.
+        job.strategy.exchange_every = 1
         for task, host in hosts.items():  # PS tasks first: the workers wait for them anyway
             spec = parse_task(task)
             env = task_environment(job, spec, TOKEN, base=base)
