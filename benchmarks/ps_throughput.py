@@ -82,7 +82,7 @@ CONFIG_LABELS = {
     "tfdist_single": "tfdist PS strategy with no cluster (one process, in-process PS)",
     "tf_onedevice": "TF OneDeviceStrategy, 1 process (the cost of any tf.distribute strategy in Keras)",
     "tfdist_1w1ps": "tfdist PS, 1 worker + 1 PS",
-    "tfdist_2w2ps": "tfdist PS (async), 2 workers + 2 PS",
+    "tfdist_2w2ps": "tfdist PS (async, every step: `exchange_every: 1`), 2 workers + 2 PS",
     "mwms": "TF MultiWorkerMirroredStrategy, 2 workers (Keras 3, patched)",
     "tf_pss": "TF ParameterServerStrategy, 2 workers + 1 PS + coordinator (tf-keras)",
     "mwms_split": "reference: TF MWMS, 2 workers, with the intra-op thread split tfdist's local launch applies",
@@ -90,8 +90,8 @@ CONFIG_LABELS = {
     "tfdist_2w2ps_auto": "tfdist PS (async, `exchange_every: auto`), 2 workers + 2 PS",
     "tfdist_1w1ps_grpc": "tfdist PS, 1 worker + 1 PS, every call over gRPC (`ps.transport: grpc`)",
     "tfdist_2w2ps_grpc": "tfdist PS (async), 2 workers + 2 PS, every call over gRPC (`ps.transport: grpc`)",
-    "tfdist_2w2ps_defaults": "tfdist PS (async), 2 workers + 2 PS, the library's defaults (round-robin placement, "
-                             "no partitioning), whatever --placement says",
+    "tfdist_2w2ps_defaults": "tfdist PS (async), 2 workers + 2 PS, the library's defaults (`exchange_every: auto`, "
+                             "round-robin placement, no partitioning), whatever --placement says",
     "tf_pss_spe10": f"TF ParameterServerStrategy, 2 workers + 1 PS + coordinator (tf-keras), "
                     f"`steps_per_execution={TF_PSS_SPE}`",
 }
@@ -419,7 +419,7 @@ def _run_config(config, model, warmup, steps, children, log_dir, placement, thre
 
             defaults = PSConfig()
             row = run_tfdist(model, 2, warmup, steps, log_dir, timeout, defaults.placement,
-                             defaults.partition_threshold_bytes)
+                             defaults.partition_threshold_bytes, exchange_every=None)  # (async: auto)
         elif config == "mwms":
             row = run_mwms(model, warmup, steps, children, log_dir, timeout)
         elif config == "tf_pss":

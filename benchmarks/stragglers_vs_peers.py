@@ -74,8 +74,9 @@ NUM_WORKERS, SLOW_WORKER = 4, 3
 TFDIST_MODES = {
     "bsp": {"consistency": "bsp"},
     "sync_replicas": {"consistency": "sync_replicas", "replicas_to_aggregate": 3},
-    "async": {"consistency": "async"},
-    "async_auto": {"consistency": "async", "exchange_every": "auto"},
+    "async": {"consistency": "async"},  # the library's defaults: exchange_every auto (since 2026-11-28 evening)
+    "async_every1": {"consistency": "async", "exchange_every": 1},
+    "async_auto": {"consistency": "async", "exchange_every": "auto"},  # (the default now; kept for older JSON)
     "ssp": {"consistency": "ssp", "staleness": 3},
     "dtssp": {"consistency": "dtssp"},
 }
@@ -85,6 +86,7 @@ LABELS = {
     "tf_pss": "TF ParameterServerStrategy (tf-keras, 1 PS + coordinator)",
     "bsp": "tfdist BSP", "sync_replicas": "tfdist SyncReplicas (3 of 4)", "async": "tfdist async",
     "async_auto": "tfdist async, `exchange_every: auto`",
+    "async_every1": "tfdist async, every step (`exchange_every: 1`)",
     "ssp": "tfdist SSP (s=3)", "dtssp": "tfdist DTSSP (3..10)",
 }
 

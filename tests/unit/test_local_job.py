@@ -132,6 +132,7 @@ def job_of(config, *tasks):
     job = LocalJob(config, script="train.py", log_dir="/logs", forward=False)
     job.tasks = {str(t.task): t for t in tasks}
     job.reported_gone = []
+    job._said_done = lambda worker: False  # what a PS task answers for a worker that did not say Done
     job.report_gone = job.reported_gone.extend
     return job
 
@@ -283,6 +284,34 @@ def test_a_chief_that_fails_after_the_ps_tasks_ended_the_job_counts_as_finished(
     config = _config("async", workers=2)
     ps, w0, w1 = FakeTask("ps", 0, code=0), FakeTask("worker", 0, code=1), FakeTask("worker", 1, code=0)
     job = job_of(config, ps, w0, w1)
+    job.start_task = lambda task: pytest.fail(f"{task} was restarted")
+    with caplog.at_level("WARNING"):
+        job.wait(timeout=5, poll_s=0.01)
+    assert [str(t) for t in job.finished_with_error] == ["worker:0"]
+    assert "after its training finished (the parameter servers had ended the job" in caplog.text
+
+
+class EndingTask(FakeTask):
+    """A PS task ending the job: it still runs for its first ``polls`` polls, then exits 0."""
+
+    def __init__(self, job, index, polls):
+        super().__init__(job, index)
+        self.polls = polls
+
+    def poll(self):
+        self.polls -= 1
+        if self.polls < 0:
+            self.code = 0
+        return self.code
+
+
+def test_a_chief_failing_while_the_ps_tasks_end_the_job_counts_as_finished(caplog):
+    """The PS tasks no longer answer (they are ending the job) but have not exited yet: the launcher waits for them
+    (bounded) before it counts the chief's exit as a failure (seen under load with TFDIST_FAST_START=0)."""
+    config = _config("async", workers=2)
+    ps, w0, w1 = EndingTask("ps", 0, polls=5), FakeTask("worker", 0, code=1), FakeTask("worker", 1, code=0)
+    job = job_of(config, ps, w0, w1)
+    job._said_done = lambda worker: None  # no PS task answers
     job.start_task = lambda task: pytest.fail(f"{task} was restarted")
     with caplog.at_level("WARNING"):
         job.wait(timeout=5, poll_s=0.01)

@@ -32,6 +32,9 @@ TRAINING_JOBS = ("chief", "worker")
 SERVER_JOBS = ("ps", "input")
 
 
+#: A training task failed and no PS task answers whether it said ``Done``: how long the launcher waits for the PS
+#: tasks to exit (they end by themselves once every worker said ``Done``, and may be doing so right then).
+PS_END_GRACE_S = 10.0
 #: Memory budgeted per task of a local launch: a TensorFlow worker process needs about this much or more.
 LOCAL_TASK_MEMORY_BYTES = 256 * 1024 * 1024
 #: Open files the launcher holds per task (two pipes, a log file) with room to spare.
@@ -511,7 +514,18 @@ class LocalJob:
             return False
         if self._servers_ended_the_job():
             return True
-        return self._said_done(self.config.cluster.worker_id(task.job, task.index))
+        said = self._said_done(self.config.cluster.worker_id(task.job, task.index))
+        if said is None:  # no PS task answers: they may be ending the job right now (every worker said Done)
+            return self._servers_end_the_job(PS_END_GRACE_S)
+        return said
+
+    def _servers_end_the_job(self, within_s: float) -> bool:
+        """Waits (at most ``within_s``) while a PS task still runs; whether they all exited 0 (ended the job)."""
+        deadline = time.monotonic() + within_s
+        ps = [p for p in self.tasks.values() if p.task.job == "ps"]
+        while any(p.poll() is None for p in ps) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self._servers_ended_the_job()
 
     def _count_finished(self, proc: TaskProcess) -> None:
         """Counts a training task that exited non-zero after its work was done as finished (never restarted)."""
@@ -523,15 +537,15 @@ class LocalJob:
                        "finished.\n  Last lines of %s:\n%s\n  Full log: %s", proc.describe_exit(), why, proc.task,
                        tail, proc.log_path)
 
-    def _said_done(self, worker: int) -> bool:
-        """Whether a PS task reports ``worker`` done (it ended its training); False when none answers."""
+    def _said_done(self, worker: int) -> bool | None:
+        """Whether a PS task reports ``worker`` done (it ended its training); None when none answers."""
         try:
             from tfdist.ps.admin import AdminClient
 
             with AdminClient.for_job(self.config, self.token, first_only=True, rpc_timeout_s=2.0) as admin:
                 return worker in admin.status(0, brief=True, timeout=2.0).done_workers
         except (TfdistError, OSError):
-            return False
+            return None
 
     def _worker_failure_decision(self, task: TaskSpec) -> FailureDecision:
         cluster = self.config.cluster
