@@ -84,7 +84,9 @@ def test_a_write_reaches_the_job_with_the_next_training_step(monkeypatch, consis
         def make(task):  # SSP with a bound the idle other worker never reaches
             if consistency == "ssp":
                 return tfdist.SSPStrategy(staleness=100, cluster=cluster, task=task, token=TOKEN)
-            return tfdist.ParameterServerStrategy(cluster=cluster, task=task, token=TOKEN)
+            # every step exchanged (exchange_every: auto, the default, may hold the next step; held steps are sent
+            # before a local write and at the next exchange or read: test_single_process_ps.py)
+            return tfdist.ParameterServerStrategy(cluster=cluster, task=task, token=TOKEN, exchange_every=1)
 
         chief = make("worker:0")
         strategies.append(chief)

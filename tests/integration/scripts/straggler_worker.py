@@ -108,6 +108,8 @@ def main():
     result["hooks"] = detected_hooks
     if strategy is not None:
         result["sync_stats"] = strategy.sync_stats
+        # a read of the PS: the steps the exchange held back (exchange_every: auto) reach it first
+        result["own_batches_on_ps"] = strategy.ps_status()[0]["worker_batches"].get(str(wid))
     with open(os.path.join(args.out, f"worker-{wid}.json"), "w") as f:
         json.dump(result, f)
     print(f"DONE worker {wid} failures={len(detector.history.failures)}", flush=True)

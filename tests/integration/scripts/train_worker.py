@@ -117,6 +117,9 @@ def main():
     result["predict_shape"] = list(probs.shape)
     result["placement"] = [[k, ps, rows] for k, ps, rows in strategy.placement_table()]
     result["sync_stats"] = strategy.sync_stats
+    if args.barrier:  # every worker's updates landed: what each PS task counted
+        result["ps_worker_batches"] = [st["worker_batches"] for st in strategy.ps_status()]
+    result["steps_per_exchange"] = getattr(strategy._runtime, "exchange_every", None)
     result["weights_checksum"] = float(sum(float(np.sum(w)) for w in model.get_weights()))
     bn = [v for v in model.variables if "moving_mean" in v.path]
     if bn:
