@@ -329,8 +329,8 @@ class StrategyConfig:
             write and at the end). The PS, an evaluator and the PS checkpoints
             see the job at most this long (plus one exchange) behind; a PS
             task lost in between loses those steps as it loses the steps
-            since its checkpoint. ``0``: exchange after every step, as with
-            several workers. Defaults to ``0.1``.
+            since its checkpoint. ``0``: exchange as a job with several
+            workers does (``exchange_every``). Defaults to ``0.1``.
     """
 
     consistency: str = "async"

@@ -170,7 +170,8 @@ def test_a_read_of_the_ps_waits_for_the_background_exchange_in_flight(ps_server,
 
 
 def test_zero_exchanges_after_every_step_as_with_several_workers(ps_server, monkeypatch):
-    strategy = _strategy(ps_server, lone_worker_exchange_s=0)
+    """``lone_worker_exchange_s: 0``: the schedule of a job with several workers (here every step)."""
+    strategy = _strategy(ps_server, lone_worker_exchange_s=0, exchange_every=1)
     runtime = strategy._runtime
     ends = []
     original = runtime.end_step

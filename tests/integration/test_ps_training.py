@@ -86,6 +86,10 @@ def test_async_pushes_every_update_exactly_once(tmp_path, scripts_dir, overlap, 
             assert 1 <= r["steps_per_exchange_at_the_end"] <= 8
         else:
             assert r["sync_stats"]["syncs"] == -(-steps // every)
+        if every != 1:  # a held step runs no Python: the graph counts it (only the first one held ran Python)
+            assert r["steps_that_ran_python"] <= r["sync_stats"]["syncs"] + 1, r
+        if every == 3:
+            assert r["steps_that_ran_python"] == 14, r  # steps 1, 3, 6, ..., 39; the 40th is sent by the pull
         assert r["sync_stats"]["bytes_pulled"] > 0  # the other worker's updates did arrive mid-training
         assert r["progress"] == [steps * 2, steps * 2]  # every PS task counted every batch of both workers
         for w in r["weights"]:

@@ -14,10 +14,13 @@ schedule           when it is chosen, what a step does
 ``Overlapped``     ASP (default): the exchange runs in the background while the next step
                    computes; its corrections are added at the next exchange.
 ``EveryK``         ASP with ``exchange_every: k``: k − 1 steps stay local, the k-th sends their
-                   sum through the inner schedule (blocking or overlapped).
-``Adaptive``       ASP with ``exchange_every: auto``: as ``EveryK``, with k chosen from the
-                   measured CPU of the worker's exchanges and steps (1 to
-                   ``exchange_every_max``).
+                   sum through the inner schedule (blocking or overlapped). A step that
+                   stays local runs no Python where it can (the graph counts it: no
+                   tables, slow-down or elastic membership).
+``Adaptive``       ASP with ``exchange_every: auto`` (the default): as ``EveryK``, with k
+                   chosen from the measured CPU of the worker's exchanges and steps (1 to
+                   ``exchange_every_max``), at most the steps whose update stays within
+                   ``AUTO_UPDATE_BOUND`` of the weights.
 ``LocalOnly``      ASP in one process with its in-process PS (no cluster, no checkpoints):
                    Keras's own step plus a step counter; the steps reach the PS before
                    anything reads it (``flush_local_steps``). Falls back to every-100.

@@ -22,6 +22,7 @@ from tfdist.ps.session import WorkerSession
 from tfdist.ps.update_session import Corrections, FlatLayout, UpdateSession
 from tfdist.strategies._ps_runtime import PSRuntime
 from tfdist.strategies._schedules import (
+    Adaptive,
     LocalOnly,
     LoneWorker,
     Schedule,
@@ -60,11 +61,19 @@ class UpdatePathRuntime(PSRuntime):
         self._local_steps_counted = 0
         #: Lone worker: set when its background exchange failed for good (the next step raises).
         self.lone_failed: tf.Variable | None = None
-        if self.schedule.local_only:
+        #: Every-k and auto: how many coming training steps stay local without running Python (the graph counts
+        #: them down, and up in ``_local_steps``; set after each step that ran Python), and the statistics
+        #: such a step reports (the last exchange's). See :meth:`_holds_in_graph`.
+        self._hold: tf.Variable | None = None
+        self._held_stats: tf.Variable | None = None
+        if self.schedule.local_only or self.schedule.every > 1 or isinstance(self.schedule, Adaptive):
             with tf.init_scope():
                 self._local_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_local_steps")
                 if isinstance(self.schedule, LoneWorker):
                     self.lone_failed = tf.Variable(False, trainable=False, name="tfdist_lone_exchange_failed")
+                if not self.schedule.local_only:
+                    self._hold = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_steps_to_hold")
+                    self._held_stats = tf.Variable(self.step_stats(), trainable=False, name="tfdist_held_stats")
         # Under ASP nothing waits for anyone: time blocked on the PS is this worker's own exchange.
         self.blocked_time_waits_for_peers = not (policy.refresh_every_step and policy.staleness == float("inf"))
         self._unsent_steps = 0
@@ -169,7 +178,7 @@ class UpdatePathRuntime(PSRuntime):
 
     def _count_local_steps(self) -> None:
         """Local-only: the steps the graph counted since the last look become unsent steps."""
-        if self._local_steps is None or not self._local_only:
+        if self._local_steps is None or not (self._local_only or self._hold is not None):
             return
         done = int(self._local_steps.numpy())
         self._unsent_steps += done - self._local_steps_counted
@@ -189,7 +198,44 @@ class UpdatePathRuntime(PSRuntime):
             self._flushing_for_write = False
 
     # ----------------------------------------------------------------- steps
+    def _holds_in_graph(self) -> bool:
+        """Whether a traced training step may stay local without Python (every-k and auto, steps without tables,
+        injected slow-down, warm-up or elastic membership: what a local-only step also needs)."""
+        return (self._hold is not None and not self._tables and self.slowdown is None
+                and self.lifecycle.warmup_left == 0 and not self.config.elastic.enabled)
+
+    def _set_hold(self) -> None:
+        """After a step that ran Python: the steps after it that the schedule holds stay local in the graph."""
+        if self._hold is not None:
+            self._hold.assign(max(0, self.schedule.every - 1 - self._unsent_steps) if self.session is not None else 0)
+
     def build_end_of_step(self, result) -> tf.Tensor:
+        """The end of a training step: the end-of-step ``py_function`` (see :meth:`_build_python_end_of_step`).
+
+        Every-k and auto: a step the schedule holds skips it (``_hold`` > 0, set from Python after the step
+        before): the graph counts the step, as a local-only step, and reports the statistics of the last
+        exchange. The next step that runs Python takes the steps counted so (:meth:`_count_local_steps`).
+        """
+        if not self._holds_in_graph():
+            return self._build_python_end_of_step(result)
+        hold, count, held_stats = self._hold, self._local_steps, self._held_stats
+
+        def held():
+            written = [gen_resource_variable_ops.var_is_initialized_op(v.handle) if _plain_handle(v)
+                       else v.read_value() for v in self.variables]
+            with tf.control_dependencies(written):
+                counted = [count.assign_add(1), hold.assign_sub(1)]
+            with tf.control_dependencies(counted):
+                return held_stats.read_value()
+
+        def python():
+            stats = self._build_python_end_of_step(result)
+            with tf.control_dependencies([held_stats.assign(stats)]):
+                return tf.identity(stats)
+
+        return tf.cond(hold.read_value() > 0, held, python)
+
+    def _build_python_end_of_step(self, result) -> tf.Tensor:
         loss, has_loss = _loss_input(result)
         variables = list(self.variables)
         inputs = [v.read_value() for v in variables] + [loss]
@@ -202,6 +248,7 @@ class UpdatePathRuntime(PSRuntime):
         layout = _flat_layout(keys, variables) if fold_in_graph else None
 
         def end(*tensors):
+            self._count_local_steps()  # steps the graph held since the last step that ran Python
             held = self._holds_next_step()  # the step stays local: its values are not needed
             current = None if held else [np.asarray(t) for t in tensors[:-1]]
             self._graph_fold = {} if fold_in_graph else None
@@ -212,6 +259,7 @@ class UpdatePathRuntime(PSRuntime):
                 corrections = self._graph_fold
             finally:
                 self._graph_fold = None
+            self._set_hold()
             if not fold_in_graph:
                 return self.step_stats()
             if layout is not None:

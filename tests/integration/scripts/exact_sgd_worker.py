@@ -54,14 +54,19 @@ def main():
     x, y = np.ones((64 * args.steps, 4), np.float32), np.zeros((64 * args.steps, 3), np.float32)
     strategy.pull()  # joins the job (the chief initialises the PS)
     wait_for_all(args.out, "ready", strategy.worker_id, strategy.num_workers)  # so that the workers' steps interleave
+    runtime, python_ends = strategy._runtime, []
+    end_step = runtime.end_step
+    runtime.end_step = lambda *a, **k: (python_ends.append(1), end_step(*a, **k))[1]  # steps that ran Python
     model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[Pace()])
+    runtime.end_step = end_step
     strategy.pull()  # also waits for this worker's last update in flight
     wait_for_all(args.out, "done", strategy.worker_id, strategy.num_workers)
     strategy.pull()
     result = {"weights": [w.tolist() for w in model.get_weights()], "sync_stats": strategy.sync_stats,
               "progress": [s["progress"] for s in strategy.ps_status()],
               "expected": -LR * args.steps * strategy.num_workers,
-              "steps_per_exchange_at_the_end": strategy._runtime.exchange_every}
+              "steps_per_exchange_at_the_end": strategy._runtime.exchange_every,
+              "steps_that_ran_python": len(python_ends)}
     with open(os.path.join(args.out, f"worker-{strategy.worker_id}.json"), "w") as f:  # noqa: SIM115
         json.dump(result, f)
 
