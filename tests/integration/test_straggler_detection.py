@@ -136,5 +136,5 @@ def test_detection_under_parameter_server_strategy(tmp_path):
     events = _events(results[0])
     assert [(k, w) for k, w, _ in events] == [("detected", 1), ("recovered", 1)], events
     assert 8 <= events[0][2] <= 9 and 30 <= events[1][2] <= 31
-    for r in results:  # PS training went on: every step reached the PS, in 40 exchanges or fewer (auto: 1-8 steps)
-        assert r["own_batches_on_ps"] == 40 and 5 <= r["sync_stats"]["syncs"] <= 40, r["sync_stats"]
+    for r in results:  # PS training went on: every step reached the PS, one exchange each (the script's exchange_every)
+        assert r["own_batches_on_ps"] == 40 and r["sync_stats"]["syncs"] == 40, r["sync_stats"]
