@@ -5,7 +5,8 @@ Issue #23 item 1 ("profile, then cut"). One run measures, on this machine:
 * ``plain``: single-process Keras 3 ``fit`` of the benchmark model
   (``benchmarks/_common.py``, batch 64, Adam), CPU ms per step;
 * ``tfdist``: ``tfdist.ParameterServerStrategy()`` (defaults: async,
-  overlapped exchange every step), 2 workers + 2 PS processes started by
+  overlapped exchange, ``exchange_every: auto`` since 2026-11-28 evening:
+  every step before), 2 workers + 2 PS processes started by
   ``tfdist.testing.LocalCluster``: each worker's CPU ms per step and the CPU
   of the exchange's parts inside it (``benchmarks/ps_workers/profile_worker.py``
   wraps the functions that make them; parts nest), and the PS processes' CPU
