@@ -65,7 +65,7 @@ from benchmarks import _common  # noqa: E402
 WORKER = os.path.join(ROOT, "benchmarks", "ps_workers", "ctr_worker.py")
 TFPSS_SERVER = os.path.join(ROOT, "benchmarks", "ps_workers", "tfpss_server.py")
 TFPSS_COORDINATOR = os.path.join(ROOT, "benchmarks", "ps_workers", "tfpss_ctr_coordinator.py")
-CONFIGS = ("tfdist", "tf_pss", "tfdist_grpc")
+CONFIGS = ("tfdist", "tf_pss", "tfdist_grpc", "tfdist_every1")
 WORKERS, PS = 2, 2
 #: Seconds the TF PSS coordinator may take to exit once its result is written (then it is killed).
 COORDINATOR_EXIT_GRACE_S = 30.0
@@ -145,12 +145,14 @@ def cpu_per_step(sampler: CpuSampler, window: tuple[float, float], steps: int) -
             "window_s": round(window[1] - window[0], 2)}
 
 
-def run_tfdist(args, run_dir: str, children: _common.Children, transport: str = "auto") -> dict:
+def run_tfdist(args, run_dir: str, children: _common.Children, transport: str = "auto",
+               exchange_every: int | str | None = None) -> dict:
     from tfdist.config import JobConfig
     from tfdist.testing import LocalCluster
 
-    config = JobConfig(name="ctr-throughput")  # defaults: async, round-robin placement
+    config = JobConfig(name="ctr-throughput")  # defaults: async, round-robin placement, exchange_every auto
     config.ps.transport = transport
+    config.strategy.exchange_every = exchange_every
     config.launch.max_restarts = 0  # a failed run is reported, not retried
     argv = ["--scale", args.scale, "--out-dir", run_dir, "--batch", str(args.batch), "--emb-dim", str(args.emb_dim),
             "--warmup", str(args.warmup), "--steps", str(args.steps)]
@@ -235,7 +237,8 @@ def run_tf_pss(args, run_dir: str, children: _common.Children) -> dict:
 
 
 RUNNERS = {"tfdist": run_tfdist, "tf_pss": run_tf_pss,
-           "tfdist_grpc": lambda args, run_dir, children: run_tfdist(args, run_dir, children, transport="grpc")}
+           "tfdist_grpc": lambda args, run_dir, children: run_tfdist(args, run_dir, children, transport="grpc"),
+           "tfdist_every1": lambda args, run_dir, children: run_tfdist(args, run_dir, children, exchange_every=1)}
 
 
 def summarize(runs: list[dict], configs: list[str]) -> dict:
@@ -258,6 +261,11 @@ def summarize(runs: list[dict], configs: list[str]) -> dict:
             round(got["tfdist"] / got["tfdist_grpc"], 3) for got in (
                 {r["config"]: r.get("examples_per_s") for r in runs if r["pass"] == p}
                 for p in sorted({r["pass"] for r in runs})) if got.get("tfdist") and got.get("tfdist_grpc")]
+    if {"tfdist", "tfdist_every1"} <= set(configs):  # exchange_every auto (the default) against every step
+        out["ratio_tfdist_over_tfdist_every1_per_pass"] = [
+            round(got["tfdist"] / got["tfdist_every1"], 3) for got in (
+                {r["config"]: r.get("examples_per_s") for r in runs if r["pass"] == p}
+                for p in sorted({r["pass"] for r in runs})) if got.get("tfdist") and got.get("tfdist_every1")]
     return out
 
 
@@ -301,6 +309,8 @@ def main(argv=None) -> int:
                 "tfpss_steps_per_execution": args.tfpss_steps_per_execution},
         "configs": {"tfdist": "tfdist.ParameterServerStrategy() (async), ShardedEmbedding tables on the PS, Keras 3",
                     "tfdist_grpc": "the same with ps.transport: grpc (every call over gRPC, the transport before)",
+                    "tfdist_every1": "the same with strategy.exchange_every: 1 (every step; the default before "
+                                     "2026-11-28 evening)",
                     "tf_pss": "tf.distribute.ParameterServerStrategy, tf-keras Embedding tables as PS variables "
                               "(MinSizePartitioner(256 KiB, max_shards=2)), coordinator + 2 worker servers"},
         "runs": [],

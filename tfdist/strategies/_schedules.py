@@ -149,7 +149,10 @@ def steps_per_exchange(exchange_cpu_s: float, step_cpu_s: float, share: float, m
     """
     if step_cpu_s <= 0:
         return most
-    return max(1, min(most, math.ceil(exchange_cpu_s / (share * step_cpu_s) - 1e-9)))
+    steps = exchange_cpu_s / (share * step_cpu_s)
+    if not math.isfinite(steps):  # a step's CPU too small to divide by (found by hypothesis)
+        return most
+    return max(1, min(most, math.ceil(steps - 1e-9)))
 
 
 #: ``exchange_every: auto``: how large one exchange's update may be against the values it changes (the largest

@@ -66,6 +66,7 @@ class UpdatePathRuntime(PSRuntime):
         #: such a step reports (the last exchange's). See :meth:`_holds_in_graph`.
         self._hold: tf.Variable | None = None
         self._held_stats: tf.Variable | None = None
+        self._graph_holds = False  # a traced training step reads ``_hold``
         if self.schedule.local_only or self.schedule.every > 1 or isinstance(self.schedule, Adaptive):
             with tf.init_scope():
                 self._local_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_local_steps")
@@ -178,7 +179,7 @@ class UpdatePathRuntime(PSRuntime):
 
     def _count_local_steps(self) -> None:
         """Local-only: the steps the graph counted since the last look become unsent steps."""
-        if self._local_steps is None or not (self._local_only or self._hold is not None):
+        if self._local_steps is None or not (self._local_only or self._graph_holds):
             return
         done = int(self._local_steps.numpy())
         self._unsent_steps += done - self._local_steps_counted
@@ -206,7 +207,7 @@ class UpdatePathRuntime(PSRuntime):
 
     def _set_hold(self) -> None:
         """After a step that ran Python: the steps after it that the schedule holds stay local in the graph."""
-        if self._hold is not None:
+        if self._graph_holds:
             self._hold.assign(max(0, self.schedule.every - 1 - self._unsent_steps) if self.session is not None else 0)
 
     def build_end_of_step(self, result) -> tf.Tensor:
@@ -219,6 +220,7 @@ class UpdatePathRuntime(PSRuntime):
         if not self._holds_in_graph():
             return self._build_python_end_of_step(result)
         hold, count, held_stats = self._hold, self._local_steps, self._held_stats
+        self._graph_holds = True
 
         def held():
             written = [gen_resource_variable_ops.var_is_initialized_op(v.handle) if _plain_handle(v)
