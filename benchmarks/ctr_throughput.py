@@ -241,31 +241,30 @@ RUNNERS = {"tfdist": run_tfdist, "tf_pss": run_tf_pss,
            "tfdist_every1": lambda args, run_dir, children: run_tfdist(args, run_dir, children, exchange_every=1)}
 
 
+def _per_pass_ratios(runs: list[dict], numerator: str, denominator: str) -> list[float]:
+    """``numerator``'s examples/s over ``denominator``'s, per pass where both ran."""
+    ratios = []
+    for p in sorted({r["pass"] for r in runs}):
+        got = {r["config"]: r.get("examples_per_s") for r in runs if r["pass"] == p}
+        if got.get(numerator) and got.get(denominator):
+            ratios.append(round(got[numerator] / got[denominator], 3))
+    return ratios
+
+
 def summarize(runs: list[dict], configs: list[str]) -> dict:
     """Mean examples/s per configuration, the per-pass ratio tfdist / TF PSS, and the target's verdict."""
     by_config = {c: [r["examples_per_s"] for r in runs if r["config"] == c and "examples_per_s" in r] for c in configs}
     out: dict = {"examples_per_s_mean": {c: round(sum(v) / len(v), 1) if v else None for c, v in by_config.items()}}
     if {"tfdist", "tf_pss"} <= set(configs):
-        ratios = []
-        for p in sorted({r["pass"] for r in runs}):
-            got = {r["config"]: r.get("examples_per_s") for r in runs if r["pass"] == p}
-            if got.get("tfdist") and got.get("tf_pss"):
-                ratios.append(round(got["tfdist"] / got["tf_pss"], 3))
         means = out["examples_per_s_mean"]
         ratio = round(means["tfdist"] / means["tf_pss"], 3) if means["tfdist"] and means["tf_pss"] else None
-        out["ratio_tfdist_over_tf_pss_per_pass"] = ratios
+        out["ratio_tfdist_over_tf_pss_per_pass"] = _per_pass_ratios(runs, "tfdist", "tf_pss")
         out["ratio_tfdist_over_tf_pss"] = ratio
         out["target"] = {"min_ratio": TARGET_RATIO, "met": None if ratio is None else ratio >= TARGET_RATIO}
     if {"tfdist", "tfdist_grpc"} <= set(configs):  # the data plane's lean transport against gRPC, same run
-        out["ratio_tfdist_over_tfdist_grpc_per_pass"] = [
-            round(got["tfdist"] / got["tfdist_grpc"], 3) for got in (
-                {r["config"]: r.get("examples_per_s") for r in runs if r["pass"] == p}
-                for p in sorted({r["pass"] for r in runs})) if got.get("tfdist") and got.get("tfdist_grpc")]
+        out["ratio_tfdist_over_tfdist_grpc_per_pass"] = _per_pass_ratios(runs, "tfdist", "tfdist_grpc")
     if {"tfdist", "tfdist_every1"} <= set(configs):  # exchange_every auto (the default) against every step
-        out["ratio_tfdist_over_tfdist_every1_per_pass"] = [
-            round(got["tfdist"] / got["tfdist_every1"], 3) for got in (
-                {r["config"]: r.get("examples_per_s") for r in runs if r["pass"] == p}
-                for p in sorted({r["pass"] for r in runs})) if got.get("tfdist") and got.get("tfdist_every1")]
+        out["ratio_tfdist_over_tfdist_every1_per_pass"] = _per_pass_ratios(runs, "tfdist", "tfdist_every1")
     return out
 
 

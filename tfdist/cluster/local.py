@@ -516,10 +516,10 @@ class LocalJob:
             return True
         said = self._said_done(self.config.cluster.worker_id(task.job, task.index))
         if said is None:  # no PS task answers: they may be ending the job right now (every worker said Done)
-            return self._servers_end_the_job(PS_END_GRACE_S)
+            return self._servers_ended_the_job_within(PS_END_GRACE_S)
         return said
 
-    def _servers_end_the_job(self, within_s: float) -> bool:
+    def _servers_ended_the_job_within(self, within_s: float) -> bool:
         """Waits (at most ``within_s``) while a PS task still runs; whether they all exited 0 (ended the job)."""
         deadline = time.monotonic() + within_s
         ps = [p for p in self.tasks.values() if p.task.job == "ps"]

@@ -88,12 +88,15 @@ class Schedule:
         overlapped: The exchange runs in the background while the next step
             computes (ASP): its corrections are added, not assigned.
         local_only: Steps run without any exchange (Keras's step plus a counter).
+        may_hold: Steps may stay local between exchanges (``every`` above 1
+            now or later): the runtime lets such steps skip Python in the graph.
     """
 
     name = "blocking"
     every = 1
     overlapped = False
     local_only = False
+    may_hold = False
 
     def holds(self, unsent_steps: int) -> bool:
         """Whether the step ending now stays local (``unsent_steps`` held before it)."""
@@ -124,6 +127,8 @@ class Overlapped(Schedule):
 
 class EveryK(Schedule):
     """ASP with ``exchange_every: k``: one exchange per ``k`` steps, through ``inner``."""
+
+    may_hold = True
 
     def __init__(self, inner: Schedule, k: int):
         self.inner, self.every = inner, int(k)
@@ -196,6 +201,8 @@ class Adaptive(Schedule):
     smoothed likewise). A job that moves its weights fast (a large learning
     rate) keeps exchanging every step, one that moves them slowly may wait.
     """
+
+    may_hold = True
 
     def __init__(self, inner: Schedule, most: int, share: float = AUTO_EXCHANGE_CPU_SHARE,
                  smoothing: float = 0.3, process_time=time.process_time, update_bound: float = AUTO_UPDATE_BOUND):

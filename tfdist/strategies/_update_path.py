@@ -22,7 +22,6 @@ from tfdist.ps.session import WorkerSession
 from tfdist.ps.update_session import Corrections, FlatLayout, UpdateSession
 from tfdist.strategies._ps_runtime import PSRuntime
 from tfdist.strategies._schedules import (
-    Adaptive,
     LocalOnly,
     LoneWorker,
     Schedule,
@@ -67,7 +66,7 @@ class UpdatePathRuntime(PSRuntime):
         self._hold: tf.Variable | None = None
         self._held_stats: tf.Variable | None = None
         self._graph_holds = False  # a traced training step reads ``_hold``
-        if self.schedule.local_only or self.schedule.every > 1 or isinstance(self.schedule, Adaptive):
+        if self.schedule.local_only or self.schedule.may_hold:
             with tf.init_scope():
                 self._local_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_local_steps")
                 if isinstance(self.schedule, LoneWorker):
@@ -142,8 +141,7 @@ class UpdatePathRuntime(PSRuntime):
         ``VarIsInitializedOp``, which reads no data: a read would copy a
         variable that sparse updates put in copy-on-read mode, every step.)
         """
-        written = [gen_resource_variable_ops.var_is_initialized_op(v.handle) if _plain_handle(v) else v.read_value()
-                   for v in self.variables]
+        written = _after_writes(self.variables)
         checks = []
         if self.lone_failed is not None:  # a lone worker stops at the step after its background exchange failed
             checks.append(tf.debugging.Assert(tf.logical_not(self.lone_failed.read_value()), [
@@ -223,9 +221,7 @@ class UpdatePathRuntime(PSRuntime):
         self._graph_holds = True
 
         def held():
-            written = [gen_resource_variable_ops.var_is_initialized_op(v.handle) if _plain_handle(v)
-                       else v.read_value() for v in self.variables]
-            with tf.control_dependencies(written):
+            with tf.control_dependencies(_after_writes(self.variables)):  # counted after the step's writes
                 counted = [count.assign_add(1), hold.assign_sub(1)]
             with tf.control_dependencies(counted):
                 return held_stats.read_value()
@@ -451,6 +447,12 @@ def _fold(var: tf.Variable, correction: tf.Tensor) -> tf.Operation:
 
     return tf.cond(tf.size(correction) > 0, add, tf.no_op)
 
+
+
+def _after_writes(variables) -> list:
+    """An op per variable that runs after the step's write to it and reads no data (see build_local_end_of_step)."""
+    return [gen_resource_variable_ops.var_is_initialized_op(v.handle) if _plain_handle(v) else v.read_value()
+            for v in variables]
 
 
 def _plain_handle(var) -> bool:
