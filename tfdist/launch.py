@@ -40,7 +40,7 @@ import signal
 import sys
 
 from tfdist import constants
-from tfdist.cluster import k8s
+from tfdist.cluster import k8s, zygote
 from tfdist.cluster.local import LocalJob, task_argv, task_environment
 from tfdist.config import MAX_SECONDS, load_config, parse_task
 from tfdist.errors import ConfigError, LaunchError, TaskConfigError, TfdistError, TLSConfigError
@@ -224,6 +224,10 @@ def _run_one_task(config, task, script, script_args) -> int:
     env = task_environment(config, task, token)
     argv = task_argv(task, script, script_args, config)
     logger.info("starting %s: %s", task, " ".join(argv))
+    if zygote.can_become(argv, env):  # forked from a zygote (fast start): TensorFlow is imported already
+        logging.root.handlers.clear()  # what basicConfig above added: the task's logging starts as a fresh one's
+        logging.root.setLevel(logging.WARNING)
+        zygote.become(argv, env)  # never returns, as execve
     os.execve(argv[0], argv, env)
     return 1  # not reached
 

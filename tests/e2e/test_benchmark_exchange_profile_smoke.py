@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tfdist.testing import run_python
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,8 +45,8 @@ def test_the_step_hooks_benchmark_measures_every_variant(tmp_path):
     """benchmarks/step_hooks_cost.py: every graph variant runs and is reported (no timing thresholds)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFDIST_CONFIG")}
     out = tmp_path / "hooks.json"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "step_hooks_cost.py"), "--calls", "20",
-                           "--passes", "2", "--out", str(out)], env=env, capture_output=True, text=True, timeout=280)
+    proc = run_python([sys.executable, os.path.join(ROOT, "benchmarks", "step_hooks_cost.py"), "--calls", "20",
+                       "--passes", "2", "--out", str(out)], env, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["cpu_us_per_call"]) == {"call", "+ begin", "+ end(inputs)", "+ end(inputs, 7 outputs)",

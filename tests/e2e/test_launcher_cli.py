@@ -169,7 +169,15 @@ def test_bad_config_exits_2_naming_the_field(tmp_path):
 
 
 def test_one_task_per_machine_mode(tmp_path):
-    """Each task started by its own launcher (--task), as on separate machines."""
+    """Each task started by its own launcher (--task), as on separate machines.
+
+    With fast start on (the suite's default), each launcher is forked from the zygote, as NetnsCluster starts
+    a host's, and runs its task in its own process instead of an ``exec`` importing TensorFlow anew
+    (``zygote.become``); ``TFDIST_FAST_START=0`` runs the launchers as fresh processes, each ``exec``-ing."""
+    from tfdist.cluster import zygote
+    from tfdist.cluster.process import TaskProcess
+    from tfdist.config import parse_task
+
     ports = [free_port(), free_port(), free_port(), free_port()]
     cfg = tmp_path / "multi.yaml"
     cfg.write_text(json.dumps({
@@ -185,14 +193,14 @@ def test_one_task_per_machine_mode(tmp_path):
     try:
         for task in ("ps:0", "chief:0", "worker:0", "evaluator:0"):
             epochs = "0" if task == "evaluator:0" else "2"  # the evaluator only evaluates
-            procs.append(subprocess.Popen(
+            procs.append(TaskProcess(
+                parse_task(task),
                 [sys.executable, "-m", "tfdist.launch", "--config", str(cfg), "--task", task, SCRIPT,
                  "--out", str(out), "--epochs", epochs],
-                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        for p in procs:
-            p.wait(240)
-        logs = [p.stdout.read() for p in procs]
-        assert [p.returncode for p in procs] == [0, 0, 0, 0], "\n".join(x[-1500:] for x in logs)
+                env, log_path=str(tmp_path / f"{task.replace(':', '-')}.log"), forward_stdout=False,
+                forward_stderr=False, fast_start=zygote.fast_start_enabled()).start())
+        codes = [p.wait(240) for p in procs]
+        assert codes == [0, 0, 0, 0], "\n".join(open(p.log_path).read()[-1500:] for p in procs)
         chief = json.loads((out / "worker-0.json").read_text())
         worker = json.loads((out / "worker-1.json").read_text())
         assert chief["is_chief"] and chief["placement"] == worker["placement"]
@@ -201,9 +209,8 @@ def test_one_task_per_machine_mode(tmp_path):
         assert "sync_stats" in evaluator and evaluator["sync_stats"]["syncs"] == 0
     finally:
         for p in procs:
-            if p.poll() is None:
+            if p.running:
                 p.kill()
-                p.wait(10)
 
 
 def test_task_mode_refuses_missing_token(tmp_path):

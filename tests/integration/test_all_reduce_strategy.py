@@ -24,7 +24,7 @@ import json
 import os
 import time
 
-from tfdist.testing import LocalCluster
+from tfdist.testing import LocalCluster, run_python
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "allreduce_worker.py")
 WAIT_S = 300  # bound on the whole job (TF start-up of 3 processes on 2 shared cores is the bulk)
@@ -131,7 +131,6 @@ def test_a_multi_worker_job_never_trains_alone_after_tf_ran_an_op(tmp_path):
     (Joining by itself while TF has run no op is the Keras matrix's AllReduce case, which never calls
     ``init_worker_group``.) Before, this trained each worker as a job of its own, silently.
     """
-    import subprocess
     import sys
 
     code = (
@@ -148,9 +147,10 @@ def test_a_multi_worker_job_never_trains_alone_after_tf_ran_an_op(tmp_path):
     )
     tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker",
                                                                                           "index": 1}})
-    env = {**os.environ, "TF_CONFIG": tf_config, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=str(tmp_path))
+    env = {**os.environ, "TF_CONFIG": tf_config}
+    script = tmp_path / "ran_an_op.py"
+    script.write_text(code)
+    done = run_python([sys.executable, str(script)], env, timeout=120, cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "REFUSED:" in done.stdout and "init_worker_group()" in done.stdout, done.stdout + done.stderr[-2000:]
 

@@ -16,10 +16,11 @@ Real processes (one each), real Keras ``fit``.
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from tfdist.testing import run_python
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -27,8 +28,8 @@ pytestmark = pytest.mark.timeout(200)
 @pytest.mark.parametrize("mode", ["ps", "allreduce"])
 def test_fit_stopped_early_leaves_no_iterator_for_the_collector_on_an_inter_op_thread(scripts_dir, mode):
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFDIST_CONFIG")}
-    proc = subprocess.run([sys.executable, os.path.join(scripts_dir, "early_stop_gc_worker.py"), mode],
-                          capture_output=True, text=True, timeout=150, env=env)
+    proc = run_python([sys.executable, os.path.join(scripts_dir, "early_stop_gc_worker.py"), mode], env,
+                      timeout=150)
     assert proc.returncode == 0, proc.stderr[-4000:]  # before: exit 1 after 60 s, stuck in ~IteratorResource
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] == 1  # fit did stop early, in its first epoch

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from tfdist.cluster import zygote
 from tfdist.cluster.local import free_port
 from tfdist.cluster.process import TaskProcess
 from tfdist.config import TaskSpec
@@ -25,6 +26,10 @@ EXAMPLE_ARGS = ["--dataset", "digits", "--epochs", "3", "--eval-interval", "0.5"
 TOKEN = "lifecycle-test-token"
 
 pytestmark = pytest.mark.timeout(300)
+#: Each task forked from the zygote when fast start is on (the suite's default), as a launcher starts its tasks:
+#: the same command line and the same interpreter exit (atexit, thread joins) without importing TensorFlow anew.
+#: ``TFDIST_FAST_START=0`` starts every task as a fresh interpreter.
+FAST = zygote.fast_start_enabled()
 
 
 def _cluster(jobs):
@@ -58,7 +63,7 @@ def _run_job(tmp_path, order, argv_of, env_of, train_timeout=150, end_timeout=20
         for task in order:
             procs[str(task)] = TaskProcess(task, argv_of(task), env_of(task),
                                            log_path=str(tmp_path / "logs" / f"{task.job}-{task.index}.log"),
-                                           forward_stdout=False, forward_stderr=False).start()
+                                           forward_stdout=False, forward_stderr=False, fast_start=FAST).start()
         training = {k: p for k, p in procs.items() if p.task.job in ("chief", "worker")}
         codes = _wait_all_exit(training, train_timeout)
         assert all(c == 0 for c in codes.values()), _describe(procs, codes)
@@ -185,7 +190,7 @@ def test_a_chief_that_raises_after_fit_never_says_done_and_its_restart_ends_the_
                                                         "task": {"type": task.job, "index": task.index}})}
         argv = [sys.executable, "-m", "tfdist.ps"] if task.job == "ps" else [sys.executable, CRASH_SCRIPT, *args]
         return TaskProcess(task, argv, env, log_path=str(tmp_path / "logs" / f"{task.job}-{task.index}{tag}.log"),
-                           forward_stdout=False, forward_stderr=False).start()
+                           forward_stdout=False, forward_stderr=False, fast_start=FAST).start()
 
     procs = {}
     try:
@@ -227,7 +232,8 @@ def test_a_script_that_raises_never_says_done(tmp_path, how):
     argv = task_argv(TaskSpec("worker", 0), CRASH_SCRIPT, how) if how[0] == "--raise-system-exit" else \
         [sys.executable, CRASH_SCRIPT, *how]
     proc = TaskProcess(TaskSpec("worker", 0), argv, env,
-                       log_path=str(tmp_path / "worker-0.log"), forward_stdout=False, forward_stderr=False).start()
+                       log_path=str(tmp_path / "worker-0.log"), forward_stdout=False, forward_stderr=False,
+                       fast_start=FAST).start()
     try:
         code = proc.wait(150)
         log = open(proc.log_path).read()

@@ -20,6 +20,7 @@ from tfdist.consistency import AsyncPolicy
 from tfdist.errors import ConfigError, TLSConfigError
 from tfdist.ps.client import PSClient
 from tfdist.ps.server import PSServer, load_tls_server_credentials
+from tfdist.testing import run_python
 from tfdist.tls import certificate_info, diagnose
 
 pytestmark = pytest.mark.integration
@@ -125,6 +126,6 @@ def test_a_worker_process_with_the_wrong_ca_exits_78_naming_it(tmp_path, tls_ser
     env.update(TF_CPP_MIN_LOG_LEVEL="2", TFDIST_TOKEN=TOKEN, TFDIST_CONFIG=json.dumps(config),
                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
     script = os.path.join(ROOT, "tests", "integration", "scripts", "crash_after_fit.py")
-    r = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=110)
+    r = run_python([sys.executable, script], env, timeout=110)
     assert r.returncode == 78, r.stderr[-3000:]
     assert "TLSConfigError: TLS" in r.stderr and other_ca in r.stderr, r.stderr[-3000:]

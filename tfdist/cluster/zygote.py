@@ -266,7 +266,8 @@ class Zygote:
         """Whether the zygote can run ``argv`` with ``env`` exactly as a fresh interpreter would."""
         return self.alive and _target(argv) is not None and _import_time_env(env) == self._import_env
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], netns: str | None = None) -> ForkedProcess:
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], netns: str | None = None,
+              cwd: str | None = None) -> ForkedProcess:
         """Forks a task running ``argv`` with ``env``; its stdout and stderr are pipes, as with Popen.
 
         When the zygote does not answer in time the task starts the usual
@@ -279,6 +280,7 @@ class Zygote:
             netns: Path of a network namespace (``/var/run/netns/NAME``, as ``ip netns`` names them) the
                 task enters before it runs a line (``setns``), as under ``ip netns exec NAME argv``.
                 Defaults to None: the zygote's.
+            cwd: Its working directory. Defaults to this process's.
         """
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -286,7 +288,7 @@ class Zygote:
             with self._request_lock:
                 self._next_id += 1
                 request_id = self._next_id
-                request = {"id": request_id, "argv": list(argv), "env": dict(env), "cwd": os.getcwd()}
+                request = {"id": request_id, "argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd()}
                 if netns is not None:
                     request["netns"] = netns
                 _send(self._sock, request, [out_w, err_w])
@@ -649,6 +651,7 @@ def _set_title(argv: Sequence[str]) -> None:
 
 def _child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: int) -> None:
     """In the forked task: become the command line ``request["argv"]`` would have started."""
+    global _forked_task
     try:
         netns_fd = fds.pop() if request.get("netns") else None
         sock.close()
@@ -669,17 +672,49 @@ def _child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: int) 
         sys.stderr = io.open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
         if netns_fd is not None:  # while this process has one thread: every thread it starts is inside too
             _enter_network_namespace(netns_fd)
-        _set_title(request["argv"])  # before the environment changes (setproctitle needs the original)
-        os.environ.clear()
-        os.environ.update(request["env"])
         os.chdir(request["cwd"])
+        _forked_task = True
+    except BaseException:  # pragma: no cover - set-up failed: say why, exit like a crashed interpreter
+        import traceback
+
+        traceback.print_exc()
+        os._exit(1)
+    become(request["argv"], request["env"])
+
+
+#: Whether this process is a task forked from a zygote (set in the child; :func:`can_become`).
+_forked_task = False
+
+
+def can_become(argv: Sequence[str], env: Mapping[str, str]) -> bool:
+    """Whether this process can run ``argv`` with ``env`` in place of an ``exec``, as a fresh interpreter would.
+
+    Only a task forked from a zygote that has run no TensorFlow op (e.g. a ``python -m tfdist.launch --task``
+    forked into an emulated host), for a plain ``python`` command line whose import-time variables are the
+    ones the zygote imported under: it then skips importing TensorFlow again.
+    """
+    return _forked_task and _target(argv) is not None and _import_time_env(env) == _started_env
+
+
+def become(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    """Runs ``argv`` in this process with the environment ``env``, as ``os.execve`` would; never returns.
+
+    What a forked task does once its process is set up (:func:`_child`), and what
+    :func:`tfdist.launch` does in place of an ``exec`` where :func:`can_become` says it may: the process
+    title, the environment, fresh random seeds, then the script or module, ending in a normal interpreter
+    exit (atexit handlers such as a worker's ``Done``, thread joins, flushes).
+    """
+    try:
+        _set_title(argv)  # before the environment changes (setproctitle needs the original)
+        os.environ.clear()
+        os.environ.update(env)
         import random
 
         import numpy as np
 
         random.seed()
         np.random.seed()
-        kind, name, args = _target(request["argv"])
+        kind, name, args = _target(argv)
     except BaseException:  # pragma: no cover - set-up failed: say why, exit like a crashed interpreter
         import traceback
 
@@ -687,6 +722,6 @@ def _child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: int) 
         os._exit(1)
     from tfdist.run import run_target
 
-    code = run_target(kind, name, args, request["argv"][0])
+    code = run_target(kind, name, args, argv[0])
     # A normal interpreter exit from here: atexit handlers (a worker's Done), thread joins, flushes.
     raise SystemExit(code)
