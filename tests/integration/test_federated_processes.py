@@ -11,6 +11,7 @@ import pytest
 
 from tfdist import federated as fl
 from tfdist.federated.testing import CrashingClientUpdate
+from tfdist.testing import run_python
 
 pytestmark = pytest.mark.integration
 
@@ -125,8 +126,7 @@ def test_command_line_runs_a_config(tmp_path):
     out = tmp_path / "history.json"
     cmd = [sys.executable, "-m", "tfdist.federated", "--config", os.path.join(ROOT, "configs", "fl_fedavg_digits.yaml"),
            "--rounds", "3", "--num-workers", "1", "--no-progress", "--output", str(out), "--log-level", "WARNING"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    proc = run_python(cmd, {**os.environ}, timeout=280, cwd=ROOT)  # forked from the zygote under fast start
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["rounds"] == 3 and len(summary["accuracy"]) == 4
