@@ -74,6 +74,43 @@ def pytest_xdist_make_scheduler(config, log):
     return FileOrTestScheduling(config, log)
 
 
+#: The zygote lender of an xdist run's controller (``pytest_configure``), closed at ``pytest_unconfigure``.
+_controller_lender = None
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``-n N``), the controller lends one zygote to every worker (``TFDIST_ZYGOTE_SOCKET``,
+    inherited by the workers it starts next): each worker's tasks then fork from a fork of it instead of each
+    worker importing TensorFlow in a zygote of its own (~7 CPU-seconds per worker). The controller runs no test
+    and never imports TensorFlow itself; its zygote starts when the first worker asks."""
+    global _controller_lender
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        return
+    import tempfile
+
+    from tfdist import constants
+    from tfdist.cluster import zygote
+
+    if not (zygote.fast_start_enabled() and zygote.can_fork()) or constants.ENV_ZYGOTE_SOCKET in os.environ:
+        return
+    directory = tempfile.mkdtemp(prefix="tfdist-zygote-")  # 0700: this user's processes only
+    _controller_lender = zygote.serve_forks(os.path.join(directory, "zygote.sock"))
+    os.environ[constants.ENV_ZYGOTE_SOCKET] = _controller_lender.path
+
+
+def pytest_unconfigure(config):
+    global _controller_lender
+    if _controller_lender is not None:
+        import shutil
+
+        from tfdist import constants
+
+        os.environ.pop(constants.ENV_ZYGOTE_SOCKET, None)
+        _controller_lender.close()
+        shutil.rmtree(os.path.dirname(_controller_lender.path), ignore_errors=True)
+        _controller_lender = None
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _lent_zygote():
     """With fast start on, processes the tests start (``python -m tfdist.launch``, benchmark scripts, notebook

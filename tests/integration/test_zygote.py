@@ -374,12 +374,12 @@ def test_a_zygote_that_answers_late_leaves_no_second_task(tmp_path, monkeypatch)
     z = zyg.zygote(dict(os.environ))
     assert z is not None and z.alive
     monkeypatch.setattr(zyg, "SPAWN_TIMEOUT_S", 1.0)
-    os.kill(z._proc.pid, signal.SIGSTOP)
+    os.kill(z.pid, signal.SIGSTOP)  # its own or, under xdist, the one the controller's zygote lent
     try:
         task = TaskProcess(TaskSpec("worker", 0), argv, dict(os.environ), forward_stdout=False,
                            forward_stderr=False, fast_start=True).start()
     finally:
-        os.kill(z._proc.pid, signal.SIGCONT)
+        os.kill(z.pid, signal.SIGCONT)
     try:
         assert not task.forked  # started the usual way
         deadline = time.monotonic() + 30

@@ -95,20 +95,26 @@ for make in (tfdist.ParameterServerStrategy, tfdist.AllReduceStrategy):
 
 
 @pytest.mark.parametrize("how", ["TF_USE_LEGACY_KERAS=1", "import tf_keras"])
-def test_a_tf_keras_model_is_refused_clearly(how):
-    """tfdist supports Keras 3 only (#15 item 9): a tf-keras model is refused when it creates a variable."""
+def test_a_tf_keras_model_is_refused_clearly(how, tmp_path):
+    """tfdist supports Keras 3 only (#15 item 9): a tf-keras model is refused when it creates a variable.
+
+    A process of its own per case (``import tf_keras`` forked from the zygote under fast start; the variable,
+    read at import time, needs a fresh interpreter)."""
     import os
-    import subprocess
     import sys
 
     import importlib.util
+
+    from tfdist.testing import run_python
 
     if importlib.util.find_spec("tf_keras") is None:  # a test dependency (setup.py "test" extras)
         pytest.skip("tf-keras is not installed (pip install -e .[test])")
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFDIST_CONFIG", "TF_USE_LEGACY_KERAS")}
     if how.startswith("TF_USE"):
         env["TF_USE_LEGACY_KERAS"] = "1"
-    proc = subprocess.run([sys.executable, "-c", _LEGACY], env=env, capture_output=True, text=True, timeout=240)
+    script = tmp_path / "legacy.py"
+    script.write_text(_LEGACY)
+    proc = run_python([sys.executable, str(script)], env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     for name in ("ParameterServerStrategy", "AllReduceStrategy"):

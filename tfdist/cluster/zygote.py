@@ -217,6 +217,8 @@ class Zygote:
         except Exception:
             self.close()
             raise
+        #: A lent zygote's pid (it says so when ready; a connection's peer is the lender, not it).
+        self._lent_pid = int(ready.get("pid", 0))
         if "import_env" in ready:  # a lent zygote: it imported under its owner's environment
             self._import_env = dict(ready["import_env"])
 
@@ -224,6 +226,11 @@ class Zygote:
     def lent(self) -> bool:
         """Whether this zygote was forked from another process's (:func:`serve_forks`)."""
         return self._proc is None
+
+    @property
+    def pid(self) -> int:
+        """The zygote process's pid: the one started here, or the lent one serving this process's connection."""
+        return self._proc.pid if self._proc is not None else self._lent_pid
 
     # The zygote sends {"id": 0, "ready"}, {"id": n, "pid": ...} or {"id": n, "error": ...} replies, and
     # {"exit": pid, "code": c} any time.
@@ -609,7 +616,7 @@ def _lent(sock: socket.socket, fds: list[int], zygote_pid: int) -> None:
     asker = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                       struct.calcsize("3i")))[0]
     _set_title([f"tfdist-zygote lent to pid {asker}"])  # ps tells which process's tasks are below it
-    _serve_connection(connection, {"id": 0, "ready": True, "import_env": _started_env})
+    _serve_connection(connection, {"id": 0, "ready": True, "import_env": _started_env, "pid": os.getpid()})
 
 
 #: ``setns`` flag of a network namespace (linux/sched.h).

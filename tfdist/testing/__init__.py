@@ -70,7 +70,8 @@ def run_python(argv: Sequence[str], env: dict[str, str] | None = None, timeout: 
     from tfdist.cluster import zygote
 
     argv, env = list(argv), dict(os.environ if env is None else env)
-    z = zygote.zygote(env) if zygote.fast_start_enabled() and zygote.can_fork() else None
+    # this process's zygote, started (if it is not yet) with this process's environment, not ``env``'s
+    z = zygote.zygote(dict(os.environ)) if zygote.fast_start_enabled() and zygote.can_fork() else None
     proc = None
     if z is not None and z.accepts(argv, env):
         try:
