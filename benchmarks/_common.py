@@ -253,6 +253,10 @@ class Children:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, argv: Sequence[str], env: dict | None = None, log_path: str | None = None) -> subprocess.Popen:
+        forked = _forked(argv, env, log_path)
+        if forked is not None:
+            self.procs.append(forked)
+            return forked
         out = open(log_path, "wb") if log_path else subprocess.DEVNULL
         try:
             proc = subprocess.Popen(
@@ -302,13 +306,49 @@ class Children:
         self.procs.clear()
 
 
+def _forked(argv: Sequence[str], env: dict | None, log_path: str | None):
+    """The child forked from tfdist's zygote, or None: only with ``TFDIST_FAST_START=1``, under which the
+    benchmarks' ``LocalCluster`` tasks fork from it too (the test suite's smoke runs set it; the documented
+    benchmark commands do not). Its output goes to ``log_path`` as a started child's would."""
+    try:
+        from tfdist.cluster import zygote  # no TensorFlow import: the driver stays light
+    except ImportError:
+        return None
+    if not (zygote.fast_start_enabled() and zygote.can_fork()):
+        return None
+    argv, env = list(argv), dict(os.environ if env is None else env)
+    z = zygote.zygote(dict(os.environ))
+    if z is None or not z.accepts(argv, env):
+        return None
+    try:
+        proc = z.spawn(argv, env)
+    except (OSError, RuntimeError):
+        return None
+    def pump(stream):  # each stream appends whole lines to the log, as the started child's two would
+        sink = open(log_path, "a", encoding="utf-8", errors="replace") if log_path else None
+        for line in iter(stream.readline, ""):
+            if sink is not None:
+                sink.write(line)
+                sink.flush()
+        stream.close()
+        if sink is not None:
+            sink.close()
+
+    import threading
+
+    for stream in (proc.stdout, proc.stderr):
+        threading.Thread(target=pump, args=(stream,), daemon=True).start()
+    proc.args, proc.log_path = argv, log_path
+    return proc
+
+
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(p.pid, sig)  # each child leads its own session (start_new_session=True)
     except (ProcessLookupError, PermissionError):
         try:
             p.send_signal(sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, AttributeError):  # AttributeError: a forked child (no send_signal)
             pass
 
 

@@ -224,6 +224,16 @@ def test_a_server_writes_checkpoints_and_a_new_one_restores_the_newest(tmp_path)
         again.stop(0, final_checkpoint=False)
 
 
+def _written(servers, step, timeout=30.0):
+    """Waits (bounded) until every server's checkpointer wrote ``step``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while any(s.checkpointer.last_step != step for s in servers):
+        assert time.monotonic() < deadline, [s.checkpointer.last_step for s in servers]
+        time.sleep(0.01)
+
+
 def test_a_restarted_synchronous_job_rolls_every_task_back_to_the_newest_common_step(tmp_path):
     """Two PS tasks restore different steps (ps:1 died before its last checkpoint): the chief aligns them."""
     from tfdist.ps.client import PSClient
@@ -252,6 +262,7 @@ def test_a_restarted_synchronous_job_rolls_every_task_back_to_the_newest_common_
             chief.exchange({"a": np.ones((2, 2), np.float32), "b": np.ones(3, np.float32)})
             states[step + 1] = values(step + 1.0)
             chief.end(states[step + 1])  # the closer uploads the state of step+1: a checkpoint on every task
+            _written(first, step + 1)  # one write at a time queues: under load the next would be skipped
         chief.close(done=False)
     finally:
         for s in first:

@@ -539,11 +539,23 @@ def _serve() -> None:
     _die_with(parent_pid)
     sock = socket.socket(fileno=fd)
     _started_env.update(_import_time_env(os.environ))  # before the imports change it (as TensorFlow's does)
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # optional (setproctitle): the child imports what it needs
-            pass
+    # TensorFlow's C++ start-up lines (written before its logging is set up, whatever TF_CPP_MIN_LOG_LEVEL says)
+    # would land on the terminal of whoever started the zygote, saying nothing a task needs. Restored after.
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    try:
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # optional (setproctitle): the child imports what it needs
+                pass
+    finally:
+        for fd, old in zip((1, 2), saved):
+            os.dup2(old, fd)
+            os.close(old)
+        os.close(devnull)
     # The imported modules' objects (hundreds of thousands with TensorFlow and Keras) live as long as any task:
     # frozen, a task's full collections skip them (each would take ~0.2 s of CPU: every worker runs one at exit)
     # and no collection writes to their pages, which a forked task shares with the zygote until written.
