@@ -708,9 +708,9 @@ _forked_task = False
 def can_become(argv: Sequence[str], env: Mapping[str, str]) -> bool:
     """Whether this process can run ``argv`` with ``env`` in place of an ``exec``, as a fresh interpreter would.
 
-    Only a task forked from a zygote that has run no TensorFlow op (e.g. a ``python -m tfdist.launch --task``
-    forked into an emulated host), for a plain ``python`` command line whose import-time variables are the
-    ones the zygote imported under: it then skips importing TensorFlow again.
+    Only in a task forked from a zygote (e.g. a ``python -m tfdist.launch --task`` forked into an emulated host,
+    which, like any launcher, has run no TensorFlow op), for a plain ``python`` command line whose import-time
+    variables are the ones the zygote imported under: it then skips importing TensorFlow again.
     """
     return _forked_task and _target(argv) is not None and _import_time_env(env) == _started_env
 

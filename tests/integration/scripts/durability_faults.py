@@ -60,8 +60,15 @@ def ps_status(cluster, ps):
 
 
 def kill_ps1(cluster, out):
-    """While the chief is paused before step PAUSE_AT (``--pause-at``), SIGKILL ps:1; returns its status before."""
+    """While the chief is paused before step PAUSE_AT (``--pause-at``), SIGKILL ps:1; returns its status before.
+
+    Only once every worker's batches reached ps:1: a worker still starting up (under load, or with fresh
+    interpreters) would first meet the restarted task and have nothing to recover from (the other workers train
+    on until their hold at PAUSE_AT + 30)."""
     wait_for_file(cluster, os.path.join(out, "paused"), 240)
+    workers = {str(w) for w in range(cluster.job.config.cluster.num_workers)}
+    wait_until(cluster, "every worker's batches on ps:1",
+               lambda: workers <= set(ps_status(cluster, 1).get("worker_batches") or {}), 240)
     before = ps_status(cluster, 1)
     cluster.kill("ps:1")
     open(os.path.join(out, "resume"), "w").close()
