@@ -314,16 +314,11 @@ def _forked(argv: Sequence[str], env: dict | None, log_path: str | None):
         from tfdist.cluster import zygote  # no TensorFlow import: the driver stays light
     except ImportError:
         return None
-    if not (zygote.fast_start_enabled() and zygote.can_fork()):
+    argv = list(argv)
+    proc = zygote.try_spawn(argv, dict(os.environ if env is None else env))
+    if proc is None:
         return None
-    argv, env = list(argv), dict(os.environ if env is None else env)
-    z = zygote.zygote(dict(os.environ))
-    if z is None or not z.accepts(argv, env):
-        return None
-    try:
-        proc = z.spawn(argv, env)
-    except (OSError, RuntimeError):
-        return None
+
     def pump(stream):  # each stream appends whole lines to the log, as the started child's two would
         sink = open(log_path, "a", encoding="utf-8", errors="replace") if log_path else None
         for line in iter(stream.readline, ""):

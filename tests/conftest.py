@@ -11,6 +11,11 @@ import sys
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Set here, in every pytest process (the xdist controller too, which collects no test module), not only in the
+# test modules that need it: it is an import-time variable, and a worker whose environment differed from the
+# controller's in one would fork no task from the zygote the controller lends (below) but import TensorFlow
+# in a zygote of its own (test_zygote.py::test_an_xdist_worker_forks_its_tasks_from_the_zygote_the_run_lends).
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 # Local clusters fork their TensorFlow tasks from a process that imported TensorFlow once (README "Tests";
 # tfdist/cluster/zygote.py): seconds saved per task, minutes per run. TFDIST_FAST_START=0 starts each the
 # usual way.
@@ -86,29 +91,41 @@ def pytest_configure(config):
     global _controller_lender
     if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
         return
+    _controller_lender = _start_lending()
+
+
+def pytest_unconfigure(config):
+    global _controller_lender
+    _stop_lending(_controller_lender)
+    _controller_lender = None
+
+
+def _start_lending():
+    """This process's zygote lent on a private Unix socket named in ``TFDIST_ZYGOTE_SOCKET``; None when fast
+    start is off, forks are impossible, or another process lends one already."""
     import tempfile
 
     from tfdist import constants
     from tfdist.cluster import zygote
 
     if not (zygote.fast_start_enabled() and zygote.can_fork()) or constants.ENV_ZYGOTE_SOCKET in os.environ:
-        return
+        return None
     directory = tempfile.mkdtemp(prefix="tfdist-zygote-")  # 0700: this user's processes only
-    _controller_lender = zygote.serve_forks(os.path.join(directory, "zygote.sock"))
-    os.environ[constants.ENV_ZYGOTE_SOCKET] = _controller_lender.path
+    lender = zygote.serve_forks(os.path.join(directory, "zygote.sock"))
+    os.environ[constants.ENV_ZYGOTE_SOCKET] = lender.path
+    return lender
 
 
-def pytest_unconfigure(config):
-    global _controller_lender
-    if _controller_lender is not None:
-        import shutil
+def _stop_lending(lender) -> None:
+    if lender is None:
+        return
+    import shutil
 
-        from tfdist import constants
+    from tfdist import constants
 
-        os.environ.pop(constants.ENV_ZYGOTE_SOCKET, None)
-        _controller_lender.close()
-        shutil.rmtree(os.path.dirname(_controller_lender.path), ignore_errors=True)
-        _controller_lender = None
+    os.environ.pop(constants.ENV_ZYGOTE_SOCKET, None)
+    lender.close()
+    shutil.rmtree(os.path.dirname(lender.path), ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -116,25 +133,12 @@ def _lent_zygote():
     """With fast start on, processes the tests start (``python -m tfdist.launch``, benchmark scripts, notebook
     kernels) fork their tasks from this process's zygote (``TFDIST_ZYGOTE_SOCKET``; tfdist/cluster/zygote.py
     ``serve_forks``) instead of each importing TensorFlow in a zygote of its own: ~10 CPU-seconds per process.
-    Nothing starts until one asks."""
-    import shutil
-    import tempfile
-
-    from tfdist import constants
-    from tfdist.cluster import zygote
-
-    if not (zygote.fast_start_enabled() and zygote.can_fork()) or constants.ENV_ZYGOTE_SOCKET in os.environ:
-        yield
-        return
-    directory = tempfile.mkdtemp(prefix="tfdist-zygote-")  # 0700: this user's processes only
-    lender = zygote.serve_forks(os.path.join(directory, "zygote.sock"))
-    os.environ[constants.ENV_ZYGOTE_SOCKET] = lender.path
+    Nothing starts until one asks. (Under xdist the controller lends one already: ``pytest_configure``.)"""
+    lender = _start_lending()
     try:
         yield
     finally:
-        os.environ.pop(constants.ENV_ZYGOTE_SOCKET, None)
-        lender.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        _stop_lending(lender)
 
 
 @pytest.fixture

@@ -397,3 +397,19 @@ def test_a_zygote_that_answers_late_leaves_no_second_task(tmp_path, monkeypatch)
         assert tagged() == [task.pid]
     finally:
         task.stop(grace=1.0)
+
+
+def test_an_xdist_worker_forks_its_tasks_from_the_zygote_the_run_lends():
+    """Under pytest-xdist the controller lends one zygote (tests/conftest.py ``pytest_configure``): a worker's
+    tasks fork from it only if the worker's import-time variables equal the controller's. A test module that set
+    one at collection (``KERAS_BACKEND``, which only workers collect) once made every worker import TensorFlow in
+    a zygote of its own, unnoticed: the tasks still forked, only the run cost more."""
+    from tfdist.cluster import zygote as zyg
+    from tfdist.constants import ENV_ZYGOTE_SOCKET
+
+    address = os.environ.get(ENV_ZYGOTE_SOCKET)
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not address or address in zyg._lending_at:
+        pytest.skip("not an xdist worker of a run whose controller lends a zygote")
+    z = zyg.zygote(dict(os.environ))  # what a LocalCluster's task asks (its environment is this one's and more)
+    assert z is not None and z.lent, (zyg._lent_failed, zyg._import_time_env(os.environ))
+    assert z._import_env == zyg._import_time_env(os.environ)

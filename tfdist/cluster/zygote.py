@@ -444,6 +444,22 @@ def zygote(env: Mapping[str, str]) -> Zygote | None:
         return _zygote
 
 
+def try_spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> ForkedProcess | None:
+    """``argv`` forked from this process's zygote when fast start is on and it can run ``argv`` with ``env`` as a
+    fresh interpreter would; None otherwise (or if the fork failed): start it the usual way then.
+
+    The zygote, if not started yet, starts with this process's environment, not ``env``'s."""
+    if not (fast_start_enabled() and can_fork()):
+        return None
+    z = zygote(dict(os.environ))
+    if z is None or not z.accepts(argv, env):
+        return None
+    try:
+        return z.spawn(argv, env, cwd=cwd)
+    except (OSError, RuntimeError):
+        return None
+
+
 class ZygoteLender:
     """Lends this process's zygote to other processes on a Unix socket (see :func:`serve_forks`)."""
 

@@ -70,14 +70,7 @@ def run_python(argv: Sequence[str], env: dict[str, str] | None = None, timeout: 
     from tfdist.cluster import zygote
 
     argv, env = list(argv), dict(os.environ if env is None else env)
-    # this process's zygote, started (if it is not yet) with this process's environment, not ``env``'s
-    z = zygote.zygote(dict(os.environ)) if zygote.fast_start_enabled() and zygote.can_fork() else None
-    proc = None
-    if z is not None and z.accepts(argv, env):
-        try:
-            proc = z.spawn(argv, env, cwd=cwd)
-        except (OSError, RuntimeError):  # the zygote could not fork it: start it the usual way
-            proc = None
+    proc = zygote.try_spawn(argv, env, cwd=cwd)
     if proc is None:
         return subprocess.run(argv, env=env, cwd=cwd, timeout=timeout, capture_output=True, text=True)
     out: dict[str, str] = {}
