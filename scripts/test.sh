@@ -5,8 +5,9 @@
 # The whole suite (no test paths given) runs on TFDIST_TEST_WORKERS pytest-xdist
 # workers, 3 by default: on a 2-core machine that keeps both cores busy while
 # tests wait on start-up and heart-beats (README "Tests"). A run of chosen files
-# or tests, a run with -n/-p/--pdb/--cpu-report of its own, or
-# TFDIST_TEST_WORKERS=0 runs serially.
+# or tests runs serially unless TFDIST_TEST_WORKERS is set (.ci/run's slow set);
+# a run with -n/-p/--pdb/--cpu-report of its own, or TFDIST_TEST_WORKERS=0, runs
+# serially.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/env.sh"
@@ -18,7 +19,7 @@ for arg in "$@"; do
     case "$arg" in
         -n|-n*|--numprocesses*|-p|--pdb|--trace|-s|--capture=no|--cpu-report*) parallel=0 ;;
         -*) ;;
-        *) [ -e "${arg%%::*}" ] && parallel=0 ;;  # a file, directory or test: run just that, serially
+        *) [ -e "${arg%%::*}" ] && [ -z "${TFDIST_TEST_WORKERS:-}" ] && parallel=0 ;;  # chosen tests: serially
     esac
 done
 if [ "$parallel" = 1 ]; then

@@ -45,5 +45,4 @@ def test_ctr_throughput_measures_both_configurations_and_leaves_no_process(tmp_p
     left = [p.pid for p in psutil.process_iter(["cmdline", "status"]) if p.info["status"] != psutil.STATUS_ZOMBIE
             and (p.pid in pids or report["log_dir"] in " ".join(p.info["cmdline"] or []))]
     assert left == []  # every child was stopped
-    print(f"CTR throughput smoke: {took:.1f} s")
-    assert took < 90
+    print(f"CTR throughput smoke: {took:.1f} s")  # (no bound on it: a hang is the timeouts' job, speed the benchmark's)

