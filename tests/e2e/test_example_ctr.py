@@ -46,8 +46,8 @@ def test_ctr_example_trains_under_the_launcher_with_two_workers_and_two_ps(tmp_p
     worker_1 = (tmp_path / "logs" / "worker-1.log").read_text()  # worker 1 trained too; its output is in its log
     assert "worker 1: hold-out AUC" in worker_1  # the table summary: the chief only
     assert not re.search(r"^table ", worker_1, re.MULTILINE), worker_1[-2000:]
+    # (no bound on the time: a hang is the timeouts' job, speed the benchmarks')
     print(f"CTR example, 2 workers + 2 PS: {took:.1f} s, hold-out AUC {result['holdout']['auc']:.3f}")
-    assert took < 90
 
 
 @pytest.mark.slow  # DynamicEmbedding under real processes runs by default in tests/integration/test_dynamic_embedding.py

@@ -129,8 +129,11 @@ def test_killed_peer_raises_when_asked(tmp_path):
 
 
 def test_detection_under_parameter_server_strategy(tmp_path):
-    # the collective group coexists with tfdist's PS training (1 PS + 2 workers, async)
-    results = _run(tmp_path, 2, ["--epochs", "2", "--steps", "20", "--delay", "0.15", "--slow-worker", "1",
+    # the collective group coexists with tfdist's PS training (1 PS + 2 workers, async). Each step sleeps 50 ms
+    # (not the script's 20): the detector's threshold is twice the fastest steps, and with 20 ms an exchange slowed
+    # by a loaded machine pushed worker 0 over it often enough to be flagged for a step (a full run, 2026-11-29).
+    results = _run(tmp_path, 2, ["--epochs", "2", "--steps", "20", "--base-sleep", "0.05", "--delay", "0.15",
+                                 "--slow-worker", "1",
                                  "--slow-from", "6", "--slow-until", "30", "--limit", "3", "--strategy", "ps"], ps=1)
     assert _events(results[0]) == _events(results[1])
     events = _events(results[0])
