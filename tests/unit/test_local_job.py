@@ -212,6 +212,41 @@ def test_wait_names_the_setting_whose_time_ran_out():
         job.wait(timeout=0.05, poll_s=0.01, timeout_setting="--timeout")
 
 
+def test_a_job_that_stops_making_progress_fails_long_before_its_timeout():
+    workers = FakeTask("worker", 0), FakeTask("worker", 1)
+    job = job_of(_config(), FakeTask("ps", 0), *workers)
+    polls = []
+
+    def progress():  # two results, then nothing more
+        polls.append(1)
+        return min(len(polls), 2)
+
+    with pytest.raises(LaunchError, match=r"no progress for 0.05 s \(progress stayed at 2\)"):
+        job.wait(timeout=60, poll_s=0.01, progress=progress, stall_s=0.05)
+    assert len(polls) < 100  # well before the 60 s timeout
+    assert all(w.signals and not w.running for w in workers)  # every task was stopped
+
+
+def test_a_job_that_keeps_making_progress_runs_past_the_stall_bound():
+    w0, w1 = FakeTask("worker", 0), FakeTask("worker", 1)
+    job = job_of(_config(), FakeTask("ps", 0), w0, w1)
+    polls = []
+
+    def progress():  # a result at every poll; the workers finish after 30 polls (0.3 s, six stall bounds)
+        polls.append(1)
+        if len(polls) == 30:
+            w0.code = w1.code = 0
+        return len(polls)
+
+    job.wait(timeout=60, poll_s=0.01, progress=progress, stall_s=0.05)
+    assert len(polls) >= 30
+
+
+def test_progress_and_stall_go_together():
+    job = job_of(_config(), FakeTask("ps", 0), FakeTask("worker", 0, code=0))
+    with pytest.raises(ValueError, match="go together"):
+        job.wait(timeout=5, progress=lambda: 0)
+
 # ------------------------------------------------------------------------------------ task counts, ports
 def test_local_task_limit_counts_memory_and_open_files():
     from tfdist.cluster.local import local_task_limit

@@ -13,7 +13,7 @@ import secrets
 import socket
 import sys
 import time
-from typing import IO, Sequence
+from typing import IO, Callable, Sequence
 
 from tfdist import constants, exit_status
 from tfdist.cluster.failure import FailureDecision, decide_chief_restart, decide_worker_failure
@@ -406,7 +406,8 @@ class LocalJob:
 
     # ---------------------------------------------------------------- watch
     def wait(self, timeout: float | None = None, poll_s: float = 0.1,
-             timeout_setting: str = "launch.job_timeout_s") -> None:
+             timeout_setting: str = "launch.job_timeout_s", progress: Callable[[], object] | None = None,
+             stall_s: float | None = None) -> None:
         """Returns when every training task has exited 0 or failed and been left out.
 
         A training task that exits non-zero is judged by
@@ -421,15 +422,26 @@ class LocalJob:
             timeout: Bound on the wait in seconds. Defaults to ``launch.job_timeout_s``.
             poll_s: How often the tasks are polled.
             timeout_setting: The setting ``timeout`` came from, named when it expires.
+            progress: Called at every poll; the job made progress when its
+                value changed (e.g. the number of result files the tasks
+                wrote). Only with ``stall_s``.
+            stall_s: A hang guard that scales with the job: fail when
+                ``progress()`` kept its value this many seconds (counted
+                from the start of the wait, then from its last change),
+                however much of ``timeout`` is left.
 
         Raises:
             LaunchError: a task failed that the job cannot do without (the
                 message names it, says why and shows the last lines of its
-                output) or ``timeout`` passed; every other task has been
-                stopped by then.
+                output), ``timeout`` passed, or the job made no progress
+                within ``stall_s``; every other task has been stopped by then.
         """
+        if (progress is None) != (stall_s is None):
+            raise ValueError("wait(): progress and stall_s go together (a hang guard needs both)")
         timeout = timeout if timeout is not None else self.config.launch.job_timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout
+        seen = progress() if progress is not None else None
+        stalled_at = None if stall_s is None else time.monotonic() + stall_s
         training = [k for k, p in self.tasks.items() if p.task.job in TRAINING_JOBS]
         while True:
             left_out = {str(t) for t in self.failed_workers} | {str(t) for t in self.finished_with_error}
@@ -457,13 +469,25 @@ class LocalJob:
                         left_out.add(key)
                         continue
                 self._fail(proc, decision)
-            if deadline is not None and time.monotonic() > deadline:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
                 running = [k for k, p in self.tasks.items() if p.running]
                 self.stop()
                 raise LaunchError(
                     f"The job did not finish within {timeout:g} s ({timeout_setting}); "
                     f"still running: {running}. Stopped all tasks. Logs: {self.log_dir}"
                 )
+            if progress is not None:
+                value = progress()
+                if value != seen:
+                    seen, stalled_at = value, now + stall_s
+                elif now > stalled_at:
+                    running = [k for k, p in self.tasks.items() if p.running]
+                    self.stop()
+                    raise LaunchError(
+                        f"The job made no progress for {stall_s:g} s (progress stayed at {seen!r}); "
+                        f"still running: {running}. Stopped all tasks. Logs: {self.log_dir}"
+                    )
             time.sleep(poll_s)
 
     def _restart(self, proc: TaskProcess) -> bool:

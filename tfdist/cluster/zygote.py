@@ -409,12 +409,16 @@ def zygote(env: Mapping[str, str]) -> Zygote | None:
         if address and address not in _lending_at and not _lent_failed:
             try:
                 lent = Zygote(env, address=address)
-                if lent._import_env == _import_time_env(env):
+                mine = _import_time_env(env)
+                if lent._import_env == mine:
                     atexit.register(lent.close)  # a clean exit waits for it to end (no child left behind)
                     _zygote = lent
                     return _zygote
-                logger.info("the zygote lent at %s imported under other import-time variables; starting one here",
-                            address)
+                # A warning: the fallback costs a TensorFlow import here, which is what lending saves (a test run
+                # once lost it for a whole session unseen, at INFO). Names only: the values may be paths.
+                differ = sorted(k for k in set(mine) | set(lent._import_env) if mine.get(k) != lent._import_env.get(k))
+                logger.warning("the zygote lent at %s imported under other import-time variables than this process "
+                               "(%s); starting one here (a TensorFlow import)", address, ", ".join(differ))
                 lent.close()
                 _lent_failed = True
             except (OSError, RuntimeError) as e:  # the lender is gone or refused: import here, as without it

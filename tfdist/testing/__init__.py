@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tfdist.cluster.local import LocalJob
 from tfdist.config import ClusterConfig, JobConfig, TaskSpec, parse_task
@@ -153,9 +153,16 @@ class LocalCluster:
             tasks = [t for t in self.job.all_tasks() if not (str(t) in self.job.tasks and self.job.tasks[str(t)].running)]
         self.job.start([parse_task(t) if isinstance(t, str) else t for t in tasks])
 
-    def wait(self, timeout: float) -> None:
-        """Waits (bounded) for every training task to exit 0."""
-        self.job.wait(timeout)
+    def wait(self, timeout: float, progress: Callable[[], object] | None = None,
+             stall_s: float | None = None) -> None:
+        """Waits (bounded) for every training task to exit 0.
+
+        ``progress`` and ``stall_s``: also fail (and stop the job) when
+        ``progress()`` kept its value for ``stall_s`` seconds, e.g. the number
+        of result files written: a long job gets a generous ``timeout`` and
+        its hang still fails soon (see :meth:`LocalJob.wait`).
+        """
+        self.job.wait(timeout, progress=progress, stall_s=stall_s)
 
     def kill(self, task: str | TaskSpec) -> None:
         self.job.kill(task)

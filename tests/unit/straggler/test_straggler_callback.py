@@ -1,9 +1,5 @@
 """StragglerDetector (Keras callback) in one process, with a scripted fake worker group."""
 
-import os
-
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-
 import numpy as np
 import pytest
 

@@ -1,9 +1,5 @@
 """StragglerEngine: one interface for both strategy families; the flagged set is reported by one worker only."""
 
-import os
-
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-
 import numpy as np
 import pytest
 
