@@ -175,13 +175,17 @@ class UpdatePathRuntime(PSRuntime):
         if isinstance(self.schedule, LoneWorker):
             self.schedule.stop(join_timeout_s=float(self.config.ps.rpc_timeout_s) + 5.0)
 
-    def _count_local_steps(self) -> None:
-        """Local-only: the steps the graph counted since the last look become unsent steps."""
+    def _count_local_steps(self, done: int | None = None) -> None:
+        """Local-only: the steps the graph counted since the last look become unsent steps.
+
+        ``done``: the graph's count, when the step passed it in (its end-of-step ``py_function``'s input: an eager
+        read of the variable from inside the ``py_function`` cost ~1 ms per call on a 2-core host).
+        """
         if self._local_steps is None or not (self._local_only or self._graph_holds):
             return
-        done = int(self._local_steps.numpy())
-        self._unsent_steps += done - self._local_steps_counted
-        self._local_steps_counted = done
+        done = int(self._local_steps.numpy()) if done is None else int(done)
+        self._unsent_steps += max(0, done - self._local_steps_counted)  # (an older read than the last one adds none)
+        self._local_steps_counted = max(done, self._local_steps_counted)
 
     def _flush_before_local_write(self) -> None:
         if self._flushing_for_write or self.lifecycle.reader:
@@ -203,10 +207,14 @@ class UpdatePathRuntime(PSRuntime):
         return (self._hold is not None and not self._tables and self.slowdown is None
                 and self.lifecycle.warmup_left == 0 and not self.config.elastic.enabled)
 
+    def _steps_to_hold(self) -> int:
+        """After a step that ran Python: how many steps after it the schedule holds (they stay local in the graph)."""
+        return max(0, self.schedule.every - 1 - self._unsent_steps) if self.session is not None else 0
+
     def _set_hold(self) -> None:
-        """After a step that ran Python: the steps after it that the schedule holds stay local in the graph."""
+        """:meth:`_steps_to_hold` into ``_hold`` now (a step built to hold assigns its output in its graph instead)."""
         if self._graph_holds:
-            self._hold.assign(max(0, self.schedule.every - 1 - self._unsent_steps) if self.session is not None else 0)
+            self._hold.assign(self._steps_to_hold())
 
     def build_end_of_step(self, result) -> tf.Tensor:
         """The end of a training step: the end-of-step ``py_function`` (see :meth:`_build_python_end_of_step`).
@@ -227,16 +235,26 @@ class UpdatePathRuntime(PSRuntime):
                 return held_stats.read_value()
 
         def python():
-            stats = self._build_python_end_of_step(result)
-            with tf.control_dependencies([held_stats.assign(stats)]):
+            # The graph's count of held steps goes in, the steps to hold after this one come out: no eager
+            # variable op inside the py_function.
+            stats, steps_to_hold = self._build_python_end_of_step(result, held_count=count.read_value())
+            with tf.control_dependencies([held_stats.assign(stats), hold.assign(steps_to_hold)]):
                 return tf.identity(stats)
 
         return tf.cond(hold.read_value() > 0, held, python)
 
-    def _build_python_end_of_step(self, result) -> tf.Tensor:
+    def _build_python_end_of_step(self, result, held_count: tf.Tensor | None = None):
+        """The end-of-step ``py_function`` and, for an overlapped exchange, the fold of its corrections.
+
+        Returns the step's statistics; with ``held_count`` (the graph's count of held steps, a step built to hold,
+        :meth:`build_end_of_step`) also the number of steps to hold after this one, for the graph to assign.
+        """
         loss, has_loss = _loss_input(result)
         variables = list(self.variables)
         inputs = [v.read_value() for v in variables] + [loss]
+        holds = held_count is not None
+        if holds:
+            inputs.append(held_count)
         # Overlapped: the corrections of the exchange that just landed leave the py_function as outputs
         # and the step's graph adds them (see fold); other schedules write inside it (VariableRegistry).
         # One output for all of them when the variables share a dtype (a py_function's outputs and the
@@ -246,7 +264,11 @@ class UpdatePathRuntime(PSRuntime):
         layout = _flat_layout(keys, variables) if fold_in_graph else None
 
         def end(*tensors):
-            self._count_local_steps()  # steps the graph held since the last step that ran Python
+            if holds:
+                *tensors, counted = tensors
+                self._count_local_steps(counted.numpy())  # steps the graph held since the last step that ran Python
+            else:
+                self._count_local_steps()
             held = self._holds_next_step()  # the step stays local: its values are not needed
             current = None if held else [np.asarray(t) for t in tensors[:-1]]
             self._graph_fold = {} if fold_in_graph else None
@@ -257,24 +279,29 @@ class UpdatePathRuntime(PSRuntime):
                 corrections = self._graph_fold
             finally:
                 self._graph_fold = None
-            self._set_hold()
+            hold = [np.int64(self._steps_to_hold())] if holds else []
+            if not holds:
+                self._set_hold()  # (a step built without holding, in a job whose other steps hold)
             if not fold_in_graph:
-                return self.step_stats()
+                return [self.step_stats(), *hold]
             if layout is not None:
-                return [self.step_stats(), self._fold_flat_output(corrections, layout, variables)]
-            return [self.step_stats(), *self._fold_outputs(corrections, keys, variables)]
+                return [self.step_stats(), *hold, self._fold_flat_output(corrections, layout, variables)]
+            return [self.step_stats(), *hold, *self._fold_outputs(corrections, keys, variables)]
 
+        head = [tf.float32] + ([tf.int64] if holds else [])
         if not fold_in_graph:
-            return tf.py_function(end, inputs, tf.float32, name="tfdist_end_update_step")
+            outputs = tf.py_function(end, inputs, head, name="tfdist_end_update_step")
+            return tuple(outputs) if holds else outputs[0]
         if layout is not None:
-            stats, flat = tf.py_function(end, inputs, [tf.float32, variables[0].dtype], name="tfdist_end_update_step")
-            with tf.control_dependencies([_fold_flat(variables, layout, flat)]):
-                return tf.identity(stats)
-        outputs = tf.py_function(end, inputs, [tf.float32] + [v.dtype for v in variables],
-                                 name="tfdist_end_update_step")
-        folds = [_fold(var, correction) for var, correction in zip(variables, outputs[1:])]
+            outputs = tf.py_function(end, inputs, head + [variables[0].dtype], name="tfdist_end_update_step")
+            with tf.control_dependencies([_fold_flat(variables, layout, outputs[-1])]):
+                stats = tf.identity(outputs[0])
+            return (stats, outputs[1]) if holds else stats
+        outputs = tf.py_function(end, inputs, head + [v.dtype for v in variables], name="tfdist_end_update_step")
+        folds = [_fold(var, correction) for var, correction in zip(variables, outputs[len(head):])]
         with tf.control_dependencies(folds):
-            return tf.identity(outputs[0])
+            stats = tf.identity(outputs[0])
+        return (stats, outputs[1]) if holds else stats
 
     def fold(self, corrections: dict[str, np.ndarray]) -> None:
         """Adds an overlapped exchange's corrections to the variables: now, or in the step's graph.
