@@ -75,7 +75,8 @@ def test_async_pushes_every_update_exactly_once(tmp_path, scripts_dir, overlap, 
     With ``exchange_every=3`` the 40 steps travel as 13 sums of 3 plus the
     last step, sent by the final pull; the PS still counts 40 batches each.
     With ``"auto"`` the steps per exchange change as the worker measures
-    (1 to 8); the sums still carry every step once.
+    (1 to 8); the sums still carry every step once. A held step runs no
+    Python at either end (its begin op is skipped too).
     """
     steps = 40
     res = _run(tmp_path, os.path.join(scripts_dir, "exact_sgd_worker.py"),
@@ -90,6 +91,8 @@ def test_async_pushes_every_update_exactly_once(tmp_path, scripts_dir, overlap, 
             assert r["steps_that_ran_python"] <= r["sync_stats"]["syncs"] + 1, r
         if every == 3:
             assert r["steps_that_ran_python"] == 14, r  # steps 1, 3, 6, ..., 39; the 40th is sent by the pull
+        # A held step skips its begin op too (Keras's train_step): the same steps ran both (every step at 1)
+        assert r["begins_that_ran_python"] == (steps if every == 1 else r["steps_that_ran_python"]), r
         assert r["sync_stats"]["bytes_pulled"] > 0  # the other worker's updates did arrive mid-training
         assert r["progress"] == [steps * 2, steps * 2]  # every PS task counted every batch of both workers
         for w in r["weights"]:

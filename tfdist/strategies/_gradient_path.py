@@ -140,7 +140,7 @@ class GradientPathRuntime(PSRuntime):
                 return [np.zeros_like(g) for g in grads]
         return [aggregate[k] if k is not None else g for k, g in zip(keys, grads)]
 
-    def build_end_of_step(self, result) -> tf.Tensor:
+    def build_end_of_step(self, result, begin_skips: bool = False) -> tf.Tensor:
         def end(*tensors):
             self.end_step([np.asarray(t) for t in tensors])
             return self.step_stats()

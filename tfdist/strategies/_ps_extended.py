@@ -24,6 +24,7 @@ job's exchange path (``_ps_runtime.py``, ``_update_path.py``, ``_gradient_path.p
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import keras
 import numpy as np
@@ -131,7 +132,7 @@ class ParameterServerExtended(StepExtended):
             runtime.begin_step(trace["training"])
             return np.int64(0)
 
-        began = tf.py_function(begin, [], tf.int64, name="tfdist_begin_step")
+        began, begin_skips = runtime.build_begin(begin, keras_train_step=_is_keras_train_step(fn))
         self._tracing_training_step = False
         with tf.control_dependencies([began]):
             result = self._run_step(fn, args, kwargs)
@@ -144,8 +145,19 @@ class ParameterServerExtended(StepExtended):
         # before a pull wrote the job's values into it: that worker then pushed "initial - job's" as an
         # update, which made a DTSSP job's variance negative and its steps NaN.)
         with tf.control_dependencies([began]):
-            stats = runtime.build_end_of_step(result)
+            stats = runtime.build_end_of_step(result, begin_skips=begin_skips)
         return _with_stats(result, stats)
+
+
+def _is_keras_train_step(fn) -> bool:
+    """Whether ``fn`` (what Keras's step function runs under ``strategy.run``) is a Keras model's ``train_step``.
+
+    Keras 3.15 passes the model's bound ``train_step`` (wrapped by autograph); evaluation passes ``test_step``,
+    prediction a function of its own.
+    """
+    method = inspect.unwrap(fn)
+    return getattr(method, "__name__", "") == "train_step" and isinstance(getattr(method, "__self__", None),
+                                                                           keras.Model)
 
 
 def _with_stats(result, stats: tf.Tensor):

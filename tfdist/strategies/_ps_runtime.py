@@ -304,6 +304,15 @@ class PSRuntime(RuntimeTables):
         if values is not None:
             self.registry.assign(values)
 
+    def build_begin(self, begin, keras_train_step: bool) -> tuple[tf.Tensor, bool]:
+        """The begin op of a step being traced: ``begin`` (which runs :meth:`begin_step`) in a ``py_function``.
+
+        Returns the op's output and whether it may skip ``begin`` (see the update path's override); here never.
+        ``keras_train_step``: the step is Keras's ``train_step`` (the update path may skip the begin of steps
+        its schedule holds).
+        """
+        return tf.py_function(begin, [], tf.int64, name="tfdist_begin_step"), False
+
     def _refresh_for_reading(self, session: WorkerSession) -> None:
         """Before an evaluate/predict step (or on an evaluator): the job's freshest values."""
         self.flush_local_steps()
@@ -346,7 +355,7 @@ class PSRuntime(RuntimeTables):
     def end_of_step_done_tracing(self) -> None:
         """Graph hook: the step's function is traced."""
 
-    def build_end_of_step(self, result) -> tf.Tensor:
+    def build_end_of_step(self, result, begin_skips: bool = False) -> tf.Tensor:
         """Builds the end of a training step (after Keras's train step); returns its stats tensor."""
         raise NotImplementedError
 

@@ -77,10 +77,11 @@ def stack_signature(frame) -> tuple:
 _steps = 0
 
 
-def note_progress() -> None:
-    """Counts one step of this process (called by every step's begin op): progress the stack may not show."""
+def note_progress(steps: int = 1) -> None:
+    """Counts steps of this process (every step's begin op; the steps whose begin was skipped when they are
+    counted, see ``UpdatePathRuntime.build_begin``): progress the stack may not show."""
     global _steps
-    _steps += 1
+    _steps += steps
 
 
 def steps() -> int:

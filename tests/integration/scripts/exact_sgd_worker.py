@@ -57,8 +57,10 @@ def main():
     runtime, python_ends = strategy._runtime, []
     end_step = runtime.end_step
     runtime.end_step = lambda *a, **k: (python_ends.append(1), end_step(*a, **k))[1]  # steps that ran Python
+    begin_step, python_begins = runtime.begin_step, []
+    runtime.begin_step = lambda training: (python_begins.append(1) if training else None, begin_step(training))[1]
     model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[Pace()])
-    runtime.end_step = end_step
+    runtime.end_step, runtime.begin_step = end_step, begin_step
     strategy.pull()  # also waits for this worker's last update in flight
     wait_for_all(args.out, "done", strategy.worker_id, strategy.num_workers)
     strategy.pull()
@@ -66,7 +68,7 @@ def main():
               "progress": [s["progress"] for s in strategy.ps_status()],
               "expected": -LR * args.steps * strategy.num_workers,
               "steps_per_exchange_at_the_end": strategy._runtime.exchange_every,
-              "steps_that_ran_python": len(python_ends)}
+              "steps_that_ran_python": len(python_ends), "begins_that_ran_python": len(python_begins)}
     with open(os.path.join(args.out, f"worker-{strategy.worker_id}.json"), "w") as f:  # noqa: SIM115
         json.dump(result, f)
 
