@@ -471,24 +471,20 @@ class LocalJob:
                 self._fail(proc, decision)
             now = time.monotonic()
             if deadline is not None and now > deadline:
-                running = [k for k, p in self.tasks.items() if p.running]
-                self.stop()
-                raise LaunchError(
-                    f"The job did not finish within {timeout:g} s ({timeout_setting}); "
-                    f"still running: {running}. Stopped all tasks. Logs: {self.log_dir}"
-                )
+                self._stop_and_fail(f"The job did not finish within {timeout:g} s ({timeout_setting})")
             if progress is not None:
                 value = progress()
                 if value != seen:
                     seen, stalled_at = value, now + stall_s
                 elif now > stalled_at:
-                    running = [k for k, p in self.tasks.items() if p.running]
-                    self.stop()
-                    raise LaunchError(
-                        f"The job made no progress for {stall_s:g} s (progress stayed at {seen!r}); "
-                        f"still running: {running}. Stopped all tasks. Logs: {self.log_dir}"
-                    )
+                    self._stop_and_fail(f"The job made no progress for {stall_s:g} s (progress stayed at {seen!r})")
             time.sleep(poll_s)
+
+    def _stop_and_fail(self, why: str) -> None:
+        """Stops every task and raises ``LaunchError``: ``why``, the tasks that were still running, the logs."""
+        running = [k for k, p in self.tasks.items() if p.running]
+        self.stop()
+        raise LaunchError(f"{why}; still running: {running}. Stopped all tasks. Logs: {self.log_dir}")
 
     def _restart(self, proc: TaskProcess) -> bool:
         """Starts a dead PS task or chief again (``launch.restart_ps``/``restart_chief``); False when it may not be.

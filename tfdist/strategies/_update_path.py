@@ -321,26 +321,23 @@ class UpdatePathRuntime(PSRuntime):
                 corrections = self._graph_fold
             finally:
                 self._graph_fold = None
-            hold = [np.int64(self._steps_to_hold())] if holds else []
+            head = [self.step_stats()] + ([np.int64(self._steps_to_hold())] if holds else [])
             if not holds:
                 self._set_hold()  # (a step built without holding, in a job whose other steps hold)
             if not fold_in_graph:
-                return [self.step_stats(), *hold]
+                return head
             if layout is not None:
-                return [self.step_stats(), *hold, self._fold_flat_output(corrections, layout, variables)]
-            return [self.step_stats(), *hold, *self._fold_outputs(corrections, keys, variables)]
+                return [*head, self._fold_flat_output(corrections, layout, variables)]
+            return [*head, *self._fold_outputs(corrections, keys, variables)]
 
+        # Outputs: the statistics, the steps to hold (with held_count), then the corrections (overlapped).
         head = [tf.float32] + ([tf.int64] if holds else [])
-        if not fold_in_graph:
-            outputs = tf.py_function(end, inputs, head, name="tfdist_end_update_step")
-            return tuple(outputs) if holds else outputs[0]
+        folded = [variables[0].dtype] if layout is not None else [v.dtype for v in variables] if fold_in_graph else []
+        outputs = tf.py_function(end, inputs, head + folded, name="tfdist_end_update_step")
         if layout is not None:
-            outputs = tf.py_function(end, inputs, head + [variables[0].dtype], name="tfdist_end_update_step")
-            with tf.control_dependencies([_fold_flat(variables, layout, outputs[-1])]):
-                stats = tf.identity(outputs[0])
-            return (stats, outputs[1]) if holds else stats
-        outputs = tf.py_function(end, inputs, head + [v.dtype for v in variables], name="tfdist_end_update_step")
-        folds = [_fold(var, correction) for var, correction in zip(variables, outputs[len(head):])]
+            folds = [_fold_flat(variables, layout, outputs[-1])]
+        else:
+            folds = [_fold(var, correction) for var, correction in zip(variables, outputs[len(head):])]
         with tf.control_dependencies(folds):
             stats = tf.identity(outputs[0])
         return (stats, outputs[1]) if holds else stats
