@@ -21,7 +21,13 @@ document. In one run, for every system, with and without a straggler:
   sleeps after each step, which would slow the Keras 3 systems, cannot slow
   TF PSS the same way; the duty cycle does, for all of them, like a machine
   three times slower. The slow worker is never the chief (or TF PSS's
-  coordinator), whose model is measured;
+  coordinator), whose model is measured. ``--pattern moving`` moves the
+  slow-down instead: bursts of ``--burst-s`` (0.36 s: two duty cycles) on a
+  random one of workers 1..3 (seeded, the same sequence for every system),
+  one after another, so that one worker is 3x slower at every moment as
+  before but which one changes (a noisy neighbour, not a slow machine): the
+  case where a wider staleness bound (DTSSP) can absorb what SSP(3) waits
+  out; its docs section is ``stragglers-vs-peers-moving``;
 * **the measure**: worker 0 (TF PSS: the coordinator, reading the PS) copies
   its model's weights every 0.5 s; afterwards each copy is evaluated on 4,096
   held-out examples. Times count from the launch of the job's first process
@@ -38,7 +44,8 @@ counts as the budget (its ratio is then a bound, marked).
 Usage::
 
     python benchmarks/stragglers_vs_peers.py [--quick] [--systems mwms,tf_pss,bsp,...] [--budget-s 90]
-        [--target 0.8] [--passes 1] [--straggler both|yes|no] [--out FILE] [--write-docs]
+        [--target 0.8] [--passes 1] [--straggler both|yes|no] [--pattern persistent|moving] [--burst-s 0.36]
+        [--out FILE] [--write-docs]
     python benchmarks/stragglers_vs_peers.py --from-json FILE --write-docs
 
 A full pass (7 systems x 2) takes about 14 x (budget + 20 s) on 2 cores;
@@ -53,6 +60,7 @@ import argparse
 import datetime
 import json
 import os
+import random
 import shlex
 import signal
 import statistics
@@ -126,6 +134,69 @@ class Throttle:
         self._signal(signal.SIGCONT)  # never leave it stopped
 
 
+class MovingThrottle:
+    """One worker at a time runs at ``1 / slowdown`` of its speed, in bursts of ``burst_s``; which one moves.
+
+    Every burst picks one of ``pids`` at random (``random.Random(seed)``: the same sequence in every system of a
+    run) and runs the :class:`Throttle` duty cycle on it for ``burst_s`` (whole cycles of ``0.06 * slowdown``
+    s, at least one); the next burst starts at once. At every moment exactly one worker is slowed, as with the
+    persistent straggler, but the slow-down moves between machines (a co-located job, a noisy neighbour): a
+    bounded-staleness job absorbs a burst whose lag fits its bound and waits out one that does not.
+    """
+
+    def __init__(self, pids: list[int], slowdown: float, burst_s: float, seed: int = 0, run_s: float = 0.06):
+        self.pids, self.run_s, self.stop_s = list(pids), run_s, run_s * (slowdown - 1.0)
+        self.cycles_per_burst = max(1, round(burst_s / (run_s * slowdown)))
+        self._random = random.Random(seed)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="moving-throttle", daemon=True)
+        self.cycles, self.bursts = 0, []  # the pid index of every burst, in order
+
+    def start(self) -> "MovingThrottle":
+        self._thread.start()
+        return self
+
+    @staticmethod
+    def _signal(pid: int, sig) -> bool:
+        try:
+            os.kill(pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def _loop(self) -> None:
+        while not self._done.is_set():
+            index = self._random.randrange(len(self.pids))
+            pid = self.pids[index]
+            self.bursts.append(index)
+            for _ in range(self.cycles_per_burst):
+                if self._done.wait(self.run_s) or not self._signal(pid, signal.SIGSTOP):
+                    return
+                self._done.wait(self.stop_s)
+                if not self._signal(pid, signal.SIGCONT):
+                    return
+                self.cycles += 1
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+        for pid in self.pids:
+            self._signal(pid, signal.SIGCONT)  # never leave one stopped
+
+
+#: How the straggler is made: ``persistent`` (worker 3, always) or ``moving`` (bursts on workers 1..3).
+PATTERN = {"kind": "persistent", "burst_s": 0.36, "seed": 0}
+
+
+def _throttle(worker_pids: list[int], slowdown: float):
+    """The straggler for one run (``None`` without one): :data:`PATTERN` on the job's worker processes."""
+    if slowdown <= 1:
+        return None
+    if PATTERN["kind"] == "moving":  # never worker 0: its model is the one measured
+        return MovingThrottle(worker_pids[1:], slowdown, PATTERN["burst_s"], PATTERN["seed"]).start()
+    return Throttle(worker_pids[SLOW_WORKER], slowdown).start()
+
+
 def _env(**extra) -> dict:
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
@@ -177,7 +248,7 @@ def run_mwms(work, budget, slowdown, interval, children):
             [_common.python(), os.path.join(WORKERS_DIR, "tta_worker.py"), "--mode", "mwms", "--snapshots",
              snapshots, "--until", repr(until), "--interval", str(interval)],
             env=_env(TF_CONFIG=tf_config), log_path=os.path.join(work, f"worker-{i}.log")))
-    throttle = Throttle(procs[SLOW_WORKER].pid, slowdown).start() if slowdown > 1 else None
+    throttle = _throttle([p.pid for p in procs], slowdown)
     try:
         _wait_done(snapshots, until + 120, _running(procs, "mwms"))
     finally:
@@ -207,7 +278,7 @@ def run_tf_pss(work, budget, slowdown, interval, children, steps_per_execution=1
          "--snapshots", snapshots, "--until", repr(until), "--interval", str(interval),
          "--steps-per-execution", str(steps_per_execution)],
         env=env, log_path=os.path.join(work, "coordinator.log"))
-    throttle = Throttle(servers["worker", SLOW_WORKER].pid, slowdown).start() if slowdown > 1 else None
+    throttle = _throttle([servers["worker", i].pid for i in range(NUM_WORKERS)], slowdown)
     try:
         _wait_done(snapshots, until + 120, _running([coordinator, *servers.values()], "tf_pss"))
     finally:
@@ -231,17 +302,40 @@ def run_tfdist(mode, work, budget, slowdown, interval):
         cluster.start(os.path.join(WORKERS_DIR, "tta_worker.py"),
                       ["--mode", "tfdist", "--snapshots", snapshots, "--until", repr(until),
                        "--interval", str(interval)])
-        slow = cluster.process(f"worker:{SLOW_WORKER}").pid
-        if slow is None:
-            raise RuntimeError(f"worker:{SLOW_WORKER} of the tfdist {mode} job is not running")
-        throttle = Throttle(slow, slowdown).start() if slowdown > 1 else None
+        pids = [cluster.process(f"worker:{i}").pid for i in range(NUM_WORKERS)]
+        if None in pids:
+            raise RuntimeError(f"worker:{pids.index(None)} of the tfdist {mode} job is not running")
+        throttle = _throttle(pids, slowdown)
         try:
             tasks = [cluster.process(f"worker:{i}") for i in range(NUM_WORKERS)]
             _wait_done(snapshots, until + 120, _running(tasks, f"tfdist {mode}"))
+            job = _job_status(cluster)
         finally:
             if throttle:
                 throttle.stop()
-    return launch, snapshots
+    return launch, snapshots, job
+
+
+def _job_status(cluster) -> dict:
+    """What PS task 0 says at the end of the budget: the batches applied (per worker) and, DTSSP, the bound."""
+    from tfdist.ps.admin import AdminClient
+
+    admin = AdminClient(cluster.config.cluster.ps, cluster.token)
+    try:
+        status = admin.status(0).to_dict()
+    except Exception as e:  # noqa: BLE001 - a side measure; the run's curve stands without it
+        return {"status_error": f"{type(e).__name__}: {e}"[:300]}
+    finally:
+        admin.client.close()
+    policy = status.get("policy") or {}
+    out = {"batches": status.get("progress"), "worker_batches": status.get("worker_batches"),
+           "policy": policy.get("policy")}
+    if "staleness" in policy:
+        out["staleness_at_end"] = policy["staleness"]
+    if policy.get("changes"):  # the last 20 evaluations of DTSSP's rule
+        out["staleness_changes"] = [[c["clock"], round(c["lpr"], 4), c["old_staleness"], c["new_staleness"]]
+                                    for c in policy["changes"]]
+    return out
 
 
 def evaluate(launch: float, snapshots: str, target: float, budget: float) -> dict:
@@ -273,7 +367,8 @@ def run_one(system, straggler, budget, slowdown, target, interval, work, childre
     elif system == "tf_pss":
         launch, snaps = run_tf_pss(work, budget, factor, interval, children, tf_pss_spe)
     else:
-        launch, snaps = run_tfdist(system, work, budget, factor, interval)
+        launch, snaps, job = run_tfdist(system, work, budget, factor, interval)
+        return {"system": system, "straggler": straggler, **evaluate(launch, snaps, target, budget), "job": job}
     return {"system": system, "straggler": straggler, **evaluate(launch, snaps, target, budget)}
 
 
@@ -355,14 +450,41 @@ def summarize(runs: list[dict], budget: float) -> dict:
     return out
 
 
+def dtssp_over_ssp_per_pass(result: dict) -> dict:
+    """DTSSP's time to target over SSP's, with the straggler, for every pass both reached it (either clock)."""
+    out: dict = {}
+    for clock, key in CLOCKS.items():
+        times: dict = {}
+        for run in result["runs"]:
+            if run.get("straggler") and run.get("reached") and run["system"] in ("ssp", "dtssp"):
+                times.setdefault(run["pass"], {})[run["system"]] = run[key]
+        out[clock] = [round(t["dtssp"] / t["ssp"], 2) for _, t in sorted(times.items())
+                      if t.get("ssp") and t.get("dtssp") is not None]
+    return out
+
+
+def _section(result: dict) -> str:
+    """The docs section a run rewrites: one per straggler pattern."""
+    kind = result.get("pattern", {}).get("kind", "persistent")
+    return SECTION if kind == "persistent" else f"{SECTION}-{kind}"
+
+
+def _straggler_words(result: dict) -> str:
+    pattern = result.get("pattern", {"kind": "persistent"})
+    if pattern["kind"] == "moving":
+        return (f"one worker at a time {result['slowdown']:g}x slower by a SIGSTOP/SIGCONT duty cycle, in bursts of "
+                f"{pattern['burst_s']:g} s on a random one of workers 1..{NUM_WORKERS - 1} (seed {pattern['seed']})")
+    return f"worker {SLOW_WORKER} of {NUM_WORKERS} {result['slowdown']:g}x slower by a SIGSTOP/SIGCONT duty cycle"
+
+
 def render_docs(result: dict) -> str:
     s = result["summary"]
     budget = result["budget_s"]
     lines = [
         f"Measured {result['date']} at {result['git'].get('commit', '?')[:7]} on {result['machine'].get('cpus')} "
         f"cores: `{result['command']}` ({result['passes']} pass(es), the median per system; target held-out "
-        f"accuracy {result['target']}, budget {budget:g} s from launch; worker {SLOW_WORKER} of {NUM_WORKERS} "
-        f"{result['slowdown']:g}x slower by a SIGSTOP/SIGCONT duty cycle). Task: {result['task']}.",
+        f"accuracy {result['target']}, budget {budget:g} s from launch; {_straggler_words(result)}). "
+        f"Task: {result['task']}.",
         "",
         "Seconds until the held-out accuracy reached the target, from the launch of the job's first process "
         "(start-up included) and from the job's first step (the first copy of the model that training changed):",
@@ -406,6 +528,21 @@ def render_docs(result: dict) -> str:
                   f"{r(t.get('best_vs_tf_pss_ge_1_2'))} (>= 1.2), straggler / no straggler "
                   f"{r(t.get('best_straggler_over_own_no_straggler_le_1_1'))} (<= 1.1); DTSSP / SSP(3) "
                   f"{r(t.get('dtssp_over_ssp_le_0_9'))} (<= 0.9).", ""]
+    per_pass = dtssp_over_ssp_per_pass(result)
+    if per_pass["launch"]:
+        lines += ["DTSSP / SSP(3) with the straggler, per pass: " + "; ".join(
+            f"{title} " + ", ".join(f"{v:.2f}" for v in per_pass[clock])
+            for clock, title in (("launch", "from launch"), ("first_step", "from the first step"))) + ".", ""]
+    steps = {}
+    for run in result["runs"]:
+        job = run.get("job") or {}
+        if run["straggler"] and job.get("batches") is not None:
+            steps.setdefault(run["system"], []).append((job["batches"], job.get("staleness_at_end")))
+    if steps:
+        lines += ["Batches the PS tasks applied within the budget with the straggler (PS task 0's count, all workers, "
+                  "per pass" + (", and DTSSP's bound at the end" if "dtssp" in steps else "") + "): " + "; ".join(
+                      f"{LABELS[m]} " + ", ".join(f"{g}" + (f" (s={b})" if m == "dtssp" and b is not None else "")
+                                                  for g, b in v) for m, v in steps.items()) + ".", ""]
     if s.get("failed_runs"):
         lines.append(f"Failed runs (system, straggler, pass): {s['failed_runs']}.")
     return "\n".join(lines)
@@ -419,6 +556,11 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, help="training time of each run from launch (default 90, quick 30)")
     p.add_argument("--target", type=float, default=0.86, help="held-out accuracy to reach (default 0.86)")
     p.add_argument("--slowdown", type=float, default=3.0, help="the straggler's slowdown (default 3)")
+    p.add_argument("--pattern", choices=["persistent", "moving"], default="persistent",
+                   help="persistent: worker 3 slowed throughout (default); moving: bursts of --burst-s on a "
+                        "random one of workers 1..3, one after another")
+    p.add_argument("--burst-s", type=float, default=0.36, help="with --pattern moving: one burst (default 0.36)")
+    p.add_argument("--seed", type=int, default=0, help="with --pattern moving: the bursts' random sequence")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between weight snapshots")
     p.add_argument("--passes", type=int, default=1, help="interleaved passes over every run")
     p.add_argument("--tf-pss-steps-per-execution", type=int, default=1)
@@ -431,7 +573,7 @@ def main(argv=None) -> int:
         with open(args.from_json) as f:
             result = json.load(f)
         if args.write_docs:
-            _common.replace_section(DOCS, SECTION, render_docs(result))
+            _common.replace_section(DOCS, _section(result), render_docs(result))
         print(json.dumps(result, indent=2))
         return 0
     if args.quick:
@@ -444,6 +586,9 @@ def main(argv=None) -> int:
         if s not in SYSTEMS:
             p.error(f"unknown system {s!r}; choose from {','.join(SYSTEMS)}")
     budget = args.budget_s or (30.0 if args.quick else 90.0)
+    if args.burst_s <= 0:
+        p.error("--burst-s must be > 0")
+    PATTERN.update(kind=args.pattern, burst_s=args.burst_s, seed=args.seed)
 
     result: dict = {
         "benchmark": "stragglers_vs_peers",
@@ -452,7 +597,7 @@ def main(argv=None) -> int:
                                            *(argv if argv is not None else sys.argv[1:])]),
         "machine": _common.machine(), "versions": _common.package_versions(), "git": _common.git_info(ROOT),
         "systems": systems, "budget_s": budget, "target": args.target, "slowdown": args.slowdown,
-        "passes": args.passes, "workers": NUM_WORKERS, "slow_worker": SLOW_WORKER,
+        "passes": args.passes, "workers": NUM_WORKERS, "slow_worker": SLOW_WORKER, "pattern": dict(PATTERN),
         "tf_pss_steps_per_execution": args.tf_pss_steps_per_execution,
         "task": f"latent {_teacher.LATENT} -> tanh projection to {_teacher.DIM} features, linear teacher on the "
                 f"latent ({_teacher.CLASSES} classes), a fresh stream per worker, {_teacher.HELDOUT} held out; MLP "
@@ -490,7 +635,7 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             f.write(text + "\n")
     if args.write_docs:
-        _common.replace_section(DOCS, SECTION, render_docs(result))
+        _common.replace_section(DOCS, _section(result), render_docs(result))
     print(text)
     return 1 if failed else 0
 

@@ -57,7 +57,8 @@ def test_missing_markers_raise_and_leave_the_file(tmp_path, doc):
 def test_every_benchmark_section_exists_in_the_docs():
     root = pathlib.Path(__file__).resolve().parents[2]
     text = (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    for name in ("parameter-server", "federated", "straggler", "consistency", "autoscaling", "sparse-scaling"):
+    for name in ("parameter-server", "federated", "straggler", "consistency", "autoscaling", "sparse-scaling",
+                 "stragglers-vs-peers", "stragglers-vs-peers-moving"):
         begin, end = _common.section_markers(name)
         assert text.count(begin) == 1 and text.count(end) == 1 and text.index(begin) < text.index(end), name
 
