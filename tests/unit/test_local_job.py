@@ -287,6 +287,51 @@ def test_free_ports_are_distinct_and_picked_at_once():
     assert not any(a.endswith(":0") for a in addresses)
 
 
+def test_free_ports_come_from_below_the_ephemeral_range_where_no_outgoing_connection_takes_them():
+    from tfdist.cluster import local
+
+    span = local.listen_port_range()
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = (int(x) for x in f.read().split())
+    if low - local.LISTEN_PORT_MIN < 1000:
+        pytest.skip(f"this machine's ephemeral range starts at {low}: nothing below it to pick from")
+    assert span == (local.LISTEN_PORT_MIN, low)
+    ports = local.free_ports(50)
+    assert len(set(ports)) == 50 and all(local.LISTEN_PORT_MIN <= p < low for p in ports), ports
+    assert local.LISTEN_PORT_MIN <= local.free_port() < low
+
+
+def test_free_ports_skip_a_port_in_use_and_fall_back_to_the_kernel(monkeypatch, tmp_path):
+    import socket
+
+    from tfdist.cluster import local
+
+    if local.listen_port_range() is None:
+        pytest.skip("no room below this machine's ephemeral range")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    taken = busy.getsockname()[1]
+    free = local.free_port()
+
+    class Candidates:  # the first candidate is a listening port, the second one free
+        def __init__(self):
+            self.left = [taken, free]
+
+        def randrange(self, start, stop):
+            return self.left.pop(0)
+
+    try:
+        monkeypatch.setattr(local.random, "SystemRandom", Candidates)
+        assert local.free_ports(1) == [free]
+    finally:
+        busy.close()
+    monkeypatch.setattr(local, "_EPHEMERAL_RANGE_FILE", str(tmp_path / "missing"))  # not Linux: the kernel picks
+    assert local.listen_port_range() is None
+    ports = local.free_ports(3)
+    assert len(set(ports)) == 3 and all(p > 0 for p in ports)
+
+
 # ------------------------------------------------------------------ deterministic failures, a finished job
 def test_wait_never_restarts_a_task_that_exited_with_the_config_error_code():
     from tfdist.errors import TaskConfigError

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import os
+import random
 import secrets
 import socket
 import sys
@@ -43,28 +44,59 @@ LOCAL_TASK_OPEN_FILES = 8
 _LAUNCHER_OPEN_FILES = 64
 
 
+#: The lowest port :func:`free_ports` picks when it can stay below the kernel's ephemeral range.
+LISTEN_PORT_MIN = 10000
+#: Random candidates :func:`free_ports` tries below the ephemeral range before it lets the kernel pick.
+_LISTEN_PORT_TRIES = 64
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def listen_port_range() -> tuple[int, int] | None:
+    """Ports ``[LISTEN_PORT_MIN, first ephemeral port)``: where the kernel never puts an outgoing connection.
+
+    ``None`` where the range cannot be read (not Linux) or leaves fewer than 1,000 ports.
+    """
+    try:
+        with open(_EPHEMERAL_RANGE_FILE) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (LISTEN_PORT_MIN, low) if low - LISTEN_PORT_MIN >= 1000 else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port that was free a moment ago on ``host`` (see :func:`free_ports`)."""
+    return free_ports(1, host)[0]
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct TCP ports that were free a moment ago on ``host``.
+    """``count`` distinct TCP ports that were free a moment ago on ``host``, for tasks to listen on.
 
-    All sockets stay bound until every port is chosen, so the kernel never
-    hands out one port twice: one ``bind`` per port, no retries.
+    Each port is bound here (and released when all are chosen), so none is handed out twice. The ports
+    come from below the kernel's ephemeral range (:func:`listen_port_range`, 10000..32767 on a default
+    Linux): a port the kernel picked (``bind`` to port 0) lies inside that range, where any process's
+    next outgoing connection may take it before the task that is to listen on it starts (seen: a PS task
+    of a local job failing to bind its port while other jobs' workers were connecting). Where that range
+    cannot be used, or ``_LISTEN_PORT_TRIES`` random candidates in it are taken, the kernel picks.
 
     Raises:
         LaunchError: the machine has not that many free ports (or file descriptors).
     """
     sockets: list[socket.socket] = []
+    span = listen_port_range()
+    pick = random.SystemRandom()  # not the random module's state: forked tasks share it
     try:
         for _ in range(count):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
-                s.bind((host, 0))
+                for _ in range(_LISTEN_PORT_TRIES if span else 0):
+                    try:
+                        s.bind((host, pick.randrange(*span)))
+                        break
+                    except OSError:
+                        continue  # in use: another candidate
+                else:
+                    s.bind((host, 0))
             except OSError:
                 s.close()
                 raise
