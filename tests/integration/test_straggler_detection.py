@@ -3,8 +3,9 @@
 Each test starts training tasks as subprocesses (``tfdist.testing.LocalCluster``:
 free ports, per-task logs, every child killed on exit, bounded waits). A slow
 worker is emulated by a sleep inside its measured iteration; every worker
-also sleeps a base 20 ms per iteration so that CPU contention on a shared
-machine is small next to the injected 300 ms (16x) slow-down. Assertions count
+also sleeps a base 20 ms per iteration (50 ms where a fast worker's verdicts
+are asserted too) so that CPU contention on a shared machine is small next to
+the injected 300 ms (16x) slow-down. Assertions count
 iterations, never seconds.
 """
 
@@ -43,11 +44,14 @@ def test_three_workers_detect_a_slow_worker_and_its_recovery(tmp_path):
     # 4 epochs x 20 iterations; worker 2 is slow during iterations 8..59 (epoch 0 to epoch 2), by 0.3 s each.
     # The EWMA detector (alpha 0.1, windows of 10, threshold 0.8) needs several slow windows: with a
     # throughput ratio r in the slow windows its average is 0.9**k + (1 - 0.9**k) * r after k of them. Here
-    # k = 5 full slow windows: below 0.8 for any r < 0.5, i.e. as long as CPU contention adds less than 0.28 s
-    # to every worker's iteration (the 0.15 s slow-down over 2 windows held only for r < ~0.2, and failed under
-    # load 8-11 in a parallel run).
+    # k = 5 full slow windows: below 0.8 for any r < 0.5, i.e. as long as an iteration without the delay (50 ms
+    # of sleep plus the step) stays under 0.3 s (the 0.15 s slow-down over 2 windows held only for r < ~0.2,
+    # and failed under load 8-11 in a parallel run). Every iteration sleeps 50 ms (not the script's 20 ms):
+    # the threshold is twice the fastest iterations, and at 20 ms one iteration of worker 0 slowed by the
+    # parallel run's load crossed it (its counter 1 at the end of epoch 0, 2026-11-29), as in the PS test below.
     slow_from, slow_until, limit, epochs = 8, 60, 3, 4
-    results = _run(tmp_path, 3, ["--epochs", str(epochs), "--steps", "20", "--delay", "0.3", "--slow-worker", "2",
+    results = _run(tmp_path, 3, ["--epochs", str(epochs), "--steps", "20", "--base-sleep", "0.05",
+                                 "--delay", "0.3", "--slow-worker", "2",
                                  "--slow-from", str(slow_from), "--slow-until", str(slow_until),
                                  "--limit", str(limit)])
     # the collective exchange itself: gather in worker-id order, all-reduce-min
