@@ -99,47 +99,12 @@ LABELS = {
 }
 
 
-class Throttle:
-    """Runs process ``pid`` ``run_s`` of every ``run_s * slowdown`` seconds (SIGCONT / SIGSTOP) until stopped."""
-
-    def __init__(self, pid: int, slowdown: float, run_s: float = 0.06):
-        self.pid, self.run_s, self.stop_s = pid, run_s, run_s * (slowdown - 1.0)
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"throttle-{pid}", daemon=True)
-        self.cycles = 0
-
-    def start(self) -> "Throttle":
-        self._thread.start()
-        return self
-
-    def _signal(self, sig) -> bool:
-        try:
-            os.kill(self.pid, sig)
-            return True
-        except ProcessLookupError:
-            return False
-
-    def _loop(self) -> None:
-        while not self._done.wait(self.run_s):
-            if not self._signal(signal.SIGSTOP):
-                return
-            self._done.wait(self.stop_s)
-            if not self._signal(signal.SIGCONT):
-                return
-            self.cycles += 1
-
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join(5)
-        self._signal(signal.SIGCONT)  # never leave it stopped
-
-
 class MovingThrottle:
     """One worker at a time runs at ``1 / slowdown`` of its speed, in bursts of ``burst_s``; which one moves.
 
     Every burst picks one of ``pids`` at random (``random.Random(seed)``: the same sequence in every system of a
-    run) and runs the :class:`Throttle` duty cycle on it for ``burst_s`` (whole cycles of ``0.06 * slowdown``
-    s, at least one); the next burst starts at once. At every moment exactly one worker is slowed, as with the
+    run) and runs a duty cycle on it for ``burst_s``: ``run_s`` running, then ``run_s * (slowdown - 1)``
+    stopped (SIGSTOP / SIGCONT), in whole cycles, at least one; the next burst starts at once. At every moment exactly one worker is slowed, as with the
     persistent straggler, but the slow-down moves between machines (a co-located job, a noisy neighbour): a
     bounded-staleness job absorbs a burst whose lag fits its bound and waits out one that does not.
     """
@@ -182,6 +147,17 @@ class MovingThrottle:
         self._thread.join(5)
         for pid in self.pids:
             self._signal(pid, signal.SIGCONT)  # never leave one stopped
+
+
+class Throttle(MovingThrottle):
+    """Runs process ``pid`` ``run_s`` of every ``run_s * slowdown`` seconds (SIGCONT / SIGSTOP) until stopped.
+
+    The persistent straggler: a :class:`MovingThrottle` with one process to pick.
+    """
+
+    def __init__(self, pid: int, slowdown: float, run_s: float = 0.06):
+        super().__init__([pid], slowdown, burst_s=run_s * slowdown, run_s=run_s)
+        self.pid = pid
 
 
 #: How the straggler is made: ``persistent`` (worker 3, always) or ``moving`` (bursts on workers 1..3).
