@@ -84,19 +84,12 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """
     sockets: list[socket.socket] = []
     span = listen_port_range()
-    pick = random.SystemRandom()  # not the random module's state: forked tasks share it
+    candidates = random.SystemRandom()  # not the random module's state: forked tasks share it
     try:
         for _ in range(count):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
-                for _ in range(_LISTEN_PORT_TRIES if span else 0):
-                    try:
-                        s.bind((host, pick.randrange(*span)))
-                        break
-                    except OSError:
-                        continue  # in use: another candidate
-                else:
-                    s.bind((host, 0))
+                _bind_listen_port(s, host, span, candidates)
             except OSError:
                 s.close()
                 raise
@@ -108,6 +101,16 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def _bind_listen_port(s: socket.socket, host: str, span: tuple[int, int] | None, candidates) -> None:
+    """Binds ``s`` to a random free port of ``span``, or to one the kernel picks (no span, or none free)."""
+    for _ in range(_LISTEN_PORT_TRIES if span else 0):
+        try:
+            return s.bind((host, candidates.randrange(*span)))
+        except OSError:
+            continue  # in use: another candidate
+    s.bind((host, 0))
 
 
 def assign_ports(config: JobConfig) -> JobConfig:
