@@ -46,6 +46,8 @@ from __future__ import annotations
 import errno
 import hmac
 import logging
+import math
+import select
 import socket
 import struct
 import threading
@@ -58,7 +60,7 @@ from tfdist import wire
 from tfdist.errors import WireFormatError
 from tfdist.grpc_service import error_status
 
-__all__ = ["StreamService", "StreamConnection", "StreamStatusError", "VERSION"]
+__all__ = ["StreamService", "StreamConnection", "StreamStatusError", "VERSION", "call_many"]
 
 logger = logging.getLogger(__name__)
 
@@ -461,6 +463,12 @@ class StreamConnection:
                                     bytes(body).decode("utf-8", "replace"))
         return body
 
+    def _begin(self, method: str, chunks: Sequence[bytes | memoryview], timeout: float | None) -> list[memoryview]:
+        """The bytes of a request as buffers for :func:`call_many` (which sends them without blocking)."""
+        name = method.encode("ascii")
+        head = _REQUEST.pack(b"TFDQ", len(name), float(timeout or 0.0), sum(len(c) for c in chunks))
+        return [memoryview(c).cast("B") for c in (head, name, *chunks) if len(c)]
+
     def stale(self) -> bool:
         """Whether the server closed this idle connection (it stopped, died or restarted): not to be used."""
         if self.closed:
@@ -480,3 +488,141 @@ class StreamConnection:
             self.closed = True
             self._sock.close()
 
+
+class _Call:
+    """One request of :func:`call_many` in flight: what is left to send, and the reply read so far.
+
+    :meth:`send` and :meth:`receive` each make one system call's worth of
+    progress at a time and stop at the first short one (the socket's buffer
+    is full, or empty): the caller waits in ``poll`` for the next event.
+    """
+
+    __slots__ = ("body", "conn", "got", "head", "length", "out", "outcome", "status")
+
+    def __init__(self, conn: StreamConnection, out: list[memoryview]):
+        self.conn, self.out = conn, out
+        self.head, self.body, self.got, self.length, self.status = bytearray(_REPLY.size), None, 0, 0, 0
+        self.outcome: bytearray | BaseException | None = None
+
+    def send(self) -> None:
+        """Sends what the socket takes now."""
+        while self.out:
+            batch = self.out[:_MAX_IOV]
+            try:
+                sent = self.conn._sock.sendmsg(batch)
+            except BlockingIOError:
+                return
+            full = sent == sum(len(b) for b in batch)
+            while sent:
+                first = self.out[0]
+                if sent >= len(first):
+                    sent -= len(first)
+                    self.out.pop(0)
+                else:
+                    self.out[0] = first[sent:]
+                    sent = 0
+            if not full:  # the socket's buffer is full: wait for POLLOUT
+                return
+
+    def receive(self) -> None:
+        """Reads what has arrived; sets :attr:`outcome` once the reply is whole.
+
+        Raises what :meth:`StreamConnection.receive` raises (the caller closes the connection).
+        """
+        while self.outcome is None:
+            target = self.head if self.body is None else self.body
+            need = _REPLY.size if self.body is None else self.length
+            if self.got < need:
+                if self.got == len(target):  # (the body's buffer grows as its bytes arrive, as _recv_exact's)
+                    target.extend(bytes(min(len(target), need - len(target))))
+                want = len(target) - self.got
+                try:
+                    with memoryview(target) as view:
+                        k = self.conn._sock.recv_into(view[self.got:])
+                except BlockingIOError:
+                    return
+                if k == 0:
+                    raise ConnectionError("the server closed the connection during its reply")
+                self.got += k
+                if k < want:  # all there was: wait for POLLIN
+                    return
+                continue
+            if self.body is None:  # the frame's head is whole: its body next
+                magic, self.status, length = _REPLY.unpack(self.head)
+                if magic != b"TFDR" or length > max(self.conn._max_message_bytes, 1 << 20):
+                    raise ConnectionError("the server's reply is not a tfdist stream frame")
+                self.body, self.got, self.length = bytearray(min(length, _FIRST_BUFFER)), 0, length
+                continue
+            if self.status:
+                raise StreamStatusError(_STATUS_BY_NUMBER.get(self.status, grpc.StatusCode.UNKNOWN),
+                                        bytes(self.body).decode("utf-8", "replace"))
+            self.outcome = self.body
+
+    def step(self, events: int) -> None:
+        """Progress on what ``poll`` reported; on failure, closes the connection and keeps the error."""
+        try:
+            if events & select.POLLOUT and self.out:
+                self.send()
+            if events & (select.POLLIN | select.POLLERR | select.POLLHUP):
+                self.receive()
+        except Exception as e:  # noqa: BLE001 (the call's outcome: OSError, StreamStatusError)
+            self.conn.close()
+            self.outcome = e
+
+
+def call_many(calls: Sequence[tuple[StreamConnection, str, Sequence[bytes | memoryview]]], deadline: float
+              ) -> list[bytearray | BaseException]:
+    """Several calls at once from this thread, each on its own connection: the reply bodies (or what failed).
+
+    Every socket is written while it takes bytes and read while it has
+    some (``poll`` says which), so one server's reply is read while the
+    requests to the others are still being sent: on a slow link the
+    downlink does not wait for the other uploads (sending every request
+    first, then reading each reply, keeps the receive window small and the
+    downlink idle). A call that fails (the connection lost, a refusal,
+    ``deadline`` passed) closes its connection and is returned as its
+    exception (``OSError``, ``TimeoutError``, :class:`StreamStatusError`);
+    the others go on.
+    """
+    outcomes: list[bytearray | BaseException | None] = [None] * len(calls)
+    pending: dict[int, tuple[int, _Call]] = {}  # fd -> (index, call)
+    poller = select.poll()
+    try:
+        for i, (conn, method, chunks) in enumerate(calls):
+            try:
+                out = conn._begin(method, chunks, max(deadline - time.monotonic(), 1e-3))
+                conn._sock.settimeout(0)  # non-blocking: an EAGAIN returns at once (no poll before each call)
+            except Exception as e:  # noqa: BLE001 (the call's outcome)
+                conn.close()
+                outcomes[i] = e
+                continue
+            call = _Call(conn, out)
+            call.step(select.POLLOUT)  # as much of the request as the socket takes now
+            if call.outcome is not None:
+                outcomes[i] = call.outcome
+                continue
+            fd = conn._sock.fileno()
+            pending[fd] = (i, call)
+            poller.register(fd, select.POLLIN | (select.POLLOUT if call.out else 0))
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                for i, call in pending.values():
+                    call.conn.close()
+                    outcomes[i] = TimeoutError("timed out: the call's deadline passed")
+                pending.clear()
+                break
+            for fd, events in poller.poll(max(1, math.ceil(remaining * 1000))):
+                i, call = pending[fd]
+                sending = bool(call.out)
+                call.step(events)
+                if call.outcome is not None:
+                    outcomes[i] = call.outcome
+                    del pending[fd]
+                    poller.unregister(fd)
+                elif sending and not call.out:  # the request went out whole: its reply only
+                    poller.modify(fd, select.POLLIN)
+    finally:
+        for _, call in pending.values():  # (interrupted: these replies are unread, the connections cannot be reused)
+            call.conn.close()
+    return outcomes

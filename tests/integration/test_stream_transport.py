@@ -338,8 +338,9 @@ def _two_task_session(client, worker=0):
 
 
 def test_one_thread_calls_several_tasks_over_the_stream_and_over_grpc_where_a_task_offers_none():
-    """A call to several tasks sends every request, then reads every reply, from one thread (no call threads);
-    a task without a stream port is called over gRPC meanwhile. The values are those of one call per task."""
+    """A call to several tasks sends every request and reads every reply from one thread (no call threads;
+    tests/unit/test_stream_call_many.py: each socket as it allows); a task without a stream port is called
+    over gRPC after them. The values are those of one call per task."""
     a = PSServer(None, token=TOKEN, num_workers=1).start()
     b = PSServer(None, token=TOKEN, num_workers=1, stream=False).start()
     try:

@@ -41,6 +41,7 @@ from tfdist.ps.protocol import METHODS as _METHODS
 from tfdist.ps.protocol import SERVICE, STREAM_METHODS, StatusRequest, method_of
 from tfdist.ps.replies import parse_reply
 from tfdist.stream_service import StreamConnection, StreamStatusError
+from tfdist.stream_service import call_many as stream_call_many
 
 __all__ = ["PSClient"]
 
@@ -272,35 +273,42 @@ class PSClient:
         return outcomes
 
     def _call_many_stream(self, method: str, items, timeout: float) -> dict:
-        """The calls at once from this thread: every request sent, then every reply read.
+        """The calls at once from this thread (:func:`tfdist.stream_service.call_many`).
 
-        Each task works on its request while this thread sends the next one
-        and reads the replies in turn: no thread hand-off per call. A task
-        reached over gRPC (no stream port, or it cannot be reached) is called
-        after the sends, while the others work.
+        Every request is sent and every reply read as its socket allows: each
+        task works on its request while this thread sends the others, and a
+        reply is read while the other requests are still going out (on a slow
+        link the downlink does not wait for the uploads). No thread hand-off
+        per call. A task reached over gRPC (no stream port, or it cannot be
+        reached) is called after the others' replies.
         """
         deadline = time.monotonic() + timeout
         outcomes: dict[int, Response | Exception] = {}
-        sent: list[tuple[int, StreamConnection]] = []
+        calls: list[tuple[int, StreamConnection, list]] = []
         by_grpc = []
         try:
             for ps, (meta, tensors) in items:
-                out = self._stream_send(ps, method, meta, tensors, timeout, deadline)
-                if isinstance(out, StreamConnection):
-                    sent.append((ps, out))
-                elif out is _USE_GRPC:
+                chunks = wire.encode_chunks(meta, tensors)  # (one that cannot be encoded raises, as over gRPC)
+                conn = self._stream_connection(ps, timeout, deadline)
+                if isinstance(conn, StreamConnection):
+                    calls.append((ps, conn, chunks))
+                elif conn is _USE_GRPC:
                     by_grpc.append((ps, meta, tensors))
                 else:
-                    outcomes[ps] = out
-            for ps, meta, tensors in by_grpc:
-                outcomes[ps] = self._call_grpc(ps, method, meta, tensors, timeout)
-            while sent:
-                ps, conn = sent[0]
-                outcomes[ps] = self._stream_receive(ps, method, conn, timeout, deadline)
-                sent.pop(0)
-        finally:
-            for _, conn in sent:  # (an exception left these replies unread: the connections cannot be reused)
-                conn.close()
+                    outcomes[ps] = conn
+        except BaseException:
+            for ps, conn, _ in calls:  # (unused: idle as they were)
+                self._routes[ps].give_back(conn)
+            raise
+        replies = stream_call_many([(conn, method, chunks) for _, conn, chunks in calls], deadline)
+        for (ps, conn, _), reply in zip(calls, replies):
+            if isinstance(reply, BaseException):
+                outcomes[ps] = self._stream_error(reply, ps, method, timeout)
+            else:
+                self._routes[ps].give_back(conn)
+                outcomes[ps] = wire.decode(reply)
+        for ps, meta, tensors in by_grpc:
+            outcomes[ps] = self._call_grpc(ps, method, meta, tensors, timeout)
         return outcomes
 
     def _call_on_pool(self, ps: int, method: str, meta, tensors, timeout: float) -> Response | Exception:
@@ -337,16 +345,19 @@ class PSClient:
             return sent
         return self._stream_receive(ps, method, sent, timeout, deadline)
 
+    def _stream_connection(self, ps: int, timeout: float, deadline: float):
+        """An idle stream connection to task ``ps`` (kept or new), or the outcome (a translated error, or
+        ``_USE_GRPC``)."""
+        conn = self._routes[ps].take()
+        return conn if conn is not None else self._connect(ps, deadline, timeout)
+
     def _stream_send(self, ps: int, method: str, meta, tensors, timeout: float, deadline: float):
         """Sends a request over the task's stream: the connection to read the reply from, or the outcome
         (a translated error, or ``_USE_GRPC``)."""
         chunks = wire.encode_chunks(meta, tensors)  # (a message that cannot be encoded raises, as over gRPC)
-        route = self._routes[ps]
-        conn = route.take()
-        if conn is None:
-            conn = self._connect(ps, deadline, timeout)
-            if not isinstance(conn, StreamConnection):
-                return conn
+        conn = self._stream_connection(ps, timeout, deadline)
+        if not isinstance(conn, StreamConnection):
+            return conn
         try:
             conn.send(method, chunks, max(deadline - time.monotonic(), 1e-3))
         except (OSError, StreamStatusError) as e:
