@@ -380,3 +380,56 @@ def test_a_task_lost_during_a_call_to_several_fails_the_call_as_lost_and_the_oth
     finally:
         a.stop(0)
         b.stop(0)
+
+
+def test_messages_of_mixed_sizes_on_one_connection_arrive_whole_both_ways():
+    """A connection allocates a message whole once it carried one as large (both ends; see _recv_exact):
+    larger, equal and smaller messages after it still arrive exact, in both directions, and over call_many."""
+    from tfdist.stream_service import StreamConnection, call_many
+
+    def echo(meta, tensors, context):
+        return {"n": int(meta["n"])}, {"x": np.full(int(meta["n"]), 7, dtype=np.uint8)}
+
+    service = StreamService({"Push": echo}, what="test", token=None, how_to_fix_token="x", max_message_bytes=1 << 26)
+    service.start()
+    try:
+        conn = StreamConnection("127.0.0.1", service.port, None, 5.0, 1 << 26)
+        for n in (6 << 20, 6 << 20, 1000, 9 << 20, 0, 5 << 20):
+            body = conn.call("Push", wire.encode_chunks({"n": n}, {"x": np.ones(n, dtype=np.uint8)}), 10.0)
+            meta, tensors = wire.decode(body)
+            assert meta["n"] == n and tensors["x"].shape == (n,) and (n == 0 or int(tensors["x"].sum()) == 7 * n)
+            (again,) = call_many([(conn, "Push", wire.encode_chunks({"n": n // 2}, {}))], time.monotonic() + 10)
+            assert wire.decode(again)[1]["x"].shape == (n // 2,)
+        assert conn._proven >= 9 << 20
+    finally:
+        service.stop(0)
+
+
+def test_a_connection_that_delivered_a_large_message_still_pays_only_for_what_arrives_past_it():
+    """After a 6 MiB request delivered whole, the same connection declares 512 MiB and sends 1 KiB: the server
+    holds about the 6 MiB it was already shown, not the 512 declared."""
+    import tracemalloc
+
+    service = StreamService({"Push": lambda meta, tensors, context: ({}, {})}, what="test", token=None,
+                            how_to_fix_token="x", max_message_bytes=1 << 30)
+    service.start()
+    try:
+        sock, status, _ = _hello(service.port, "")
+        assert status == 0
+        body = wire.encode({}, {"x": np.zeros(6 << 18, dtype=np.float32)})
+        sock.sendall(struct.pack("<4sHdQ", b"TFDQ", 4, 5.0, len(body)) + b"Push" + body)
+        magic, code, length = struct.unpack("<4sBQ", _recv(sock, 13))
+        assert (magic, code) == (b"TFDR", 0)
+        _recv(sock, length)
+        tracemalloc.start()
+        sock.sendall(struct.pack("<4sHdQ", b"TFDQ", 4, 5.0, 512 << 20) + b"Push" + b"x" * 1024)
+        sock.close()
+        deadline = time.monotonic() + 10
+        while service._connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not service._connections
+        _, peak = tracemalloc.get_traced_memory()
+        assert peak < 64 << 20, peak
+    finally:
+        tracemalloc.stop()
+        service.stop(0)
