@@ -147,7 +147,8 @@ def uses_barrier(fault: str, faulted: bool, evaluate: str) -> bool:
     return evaluate == "final" and not (faulted and fault == "worker")
 
 
-def run_job(mode: str, fault: str, faulted: bool, log_dir: str, seed: int = 0, evaluate: str = "final") -> dict:
+def run_job(mode: str, fault: str, faulted: bool, log_dir: str, seed: int = 0, evaluate: str = "final",
+            lr_decay: bool = False) -> dict:
     """One run of the job in ``mode`` with ``fault`` (``faulted``) or without; the job's final accuracy.
 
     ``evaluate``: ``final`` (every worker evaluates once all live workers finished ``fit``, see
@@ -162,6 +163,8 @@ def run_job(mode: str, fault: str, faulted: bool, log_dir: str, seed: int = 0, e
     m = faults.sync_replicas_m(mode, fault)
     barrier = uses_barrier(fault, faulted, evaluate)
     args = ["--out", out, "--mode", mode, "--m", str(m), "--steps", str(STEPS), "--seed", str(seed)]
+    if lr_decay:  # the job's learning rate decays over its steps (the killed-PS tests' job)
+        args.append("--lr-decay")
     if barrier:
         args.append("--barrier")
     if faulted:
@@ -255,6 +258,8 @@ def main() -> int:
                    help="paired: round r runs both its jobs with seed first-seed + r (default); "
                         "fixed: seed 0 everywhere")
     p.add_argument("--first-seed", type=int, default=0, help="the seed of round 0 with --seeds paired")
+    p.add_argument("--lr-decay", action="store_true",
+                   help="the job's learning rate decays over its steps (durability_worker.py --lr-decay)")
     p.add_argument("--out")
     args = p.parse_args()
     modes, fault_names = _names(args.modes, MODES, "--modes", p), _names(args.faults, FAULTS, "--faults", p)
@@ -274,7 +279,8 @@ def main() -> int:
                 for with_fault in ((False, True) if r % 2 == 0 else (True, False)):  # interleaved
                     seed = args.first_seed + r if args.seeds == "paired" else 0
                     try:
-                        run = run_job(mode, fault, with_fault, log_dir, seed=seed, evaluate=args.evaluate)
+                        run = run_job(mode, fault, with_fault, log_dir, seed=seed, evaluate=args.evaluate,
+                                      lr_decay=args.lr_decay)
                     except Exception as e:  # the job did not finish: reported, left out of the means
                         error = f"{type(e).__name__}: {e}"
                         run = {"accuracy": None, "seed": seed, "error": error if len(error) <= 3000 else

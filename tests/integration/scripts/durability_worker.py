@@ -15,13 +15,17 @@ Usage: durability_worker.py --out DIR --mode async|ssp|bsp|sync_replicas [--m M]
        [--seed S]       the model's initial values (``keras.utils.set_random_seed(S)``) and worker W's
                         shuffle seed (``1000 * S + W``); the default 0 is the fixed seeds of before
 
-The optimizer is Adam with a cosine decay of its learning rate over the
-run's steps (1e-2 down to 1e-3): the job ends near a minimum, so two
-undisturbed async runs end within about a point of each other even under
-the parallel suite's load (with a constant 1e-2 they differed by up to 6
-points there, measured with ``benchmarks/fault_accuracy.py`` and two busy
-loops beside it: SD 1.4 points, against 0.5 with the decay), and a fault's
-cost is not lost in that noise.
+The optimizer is Adam, 1e-2; with ``--lr-decay`` its learning rate decays
+over the run's steps (cosine, 1e-2 down to 1e-3), so the job ends near a
+minimum: under the parallel suite's load two undisturbed async runs then
+end within about 2 points of each other (with the constant rate they
+differed by up to 4.5 points there: measured with
+``benchmarks/fault_accuracy.py`` beside two busy loops, SD 1.36 points
+against 0.52). The killed-PS tests use it (their comparison flaked with the
+constant rate). The others keep the constant rate: with the decay, a job
+that loses a worker's last 91 batches ends measurably lower than one that
+trains them all (it converges further), and the killed-worker comparison
+failed once against a quiet baseline (0.914 against 0.947, 2026-11-29).
 
 Writes ``worker-<id>.json``: steps done, the wall-clock time at the end of
 every step, the final test accuracy of this worker's model (after a pull;
@@ -132,6 +136,7 @@ def main():
     p.add_argument("--barrier", action="store_true", help="evaluate once every worker finished fit")
     p.add_argument("--seed", type=int, default=0, help="init seed; worker W shuffles with 1000 * seed + W")
     p.add_argument("--ballast-mb", type=float, default=0.0, help="an unused variable of this size on ps:1")
+    p.add_argument("--lr-decay", action="store_true", help="cosine decay of the learning rate over --steps")
     args = p.parse_args()
 
     if args.mode == "bsp":
@@ -153,7 +158,8 @@ def main():
         ballast = [Ballast(int(args.ballast_mb * 2 ** 20) // 4)] if args.ballast_mb else []
         model = keras.Sequential([keras.Input((64,)), *ballast, keras.layers.Dense(32, activation="relu"),
                                   keras.layers.Dense(10, activation="softmax")])
-        learning_rate = keras.optimizers.schedules.CosineDecay(1e-2, args.steps, alpha=0.1)  # (see the docstring)
+        learning_rate = (keras.optimizers.schedules.CosineDecay(1e-2, args.steps, alpha=0.1)  # (the docstring)
+                         if args.lr_decay else 1e-2)
         model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
     others_hold = args.pause_at + 30 if args.pause_at is not None and me != args.pause_worker else None
