@@ -162,7 +162,10 @@ def test_bsp_does_not_wait_forever_for_a_dead_worker(tmp_path, scripts_dir):
 
 def test_ssp_bounds_clock_skew_and_pulls_less_than_asp(tmp_path, scripts_dir):
     s = 2
-    env = {"worker:1": slowdown_env({"worker:1": {"factor": 3.0, "delay_s": 0.01}})}
+    # worker 1 sleeps 60 ms more per step than 3x its compute: a pull of worker 0 held back by it waits for up to
+    # one of its steps, and "waits" counts pulls held over 50 ms (with 10 ms, under the parallel suite's load, a
+    # run once counted none: 2026-11-29, s16f)
+    env = {"worker:1": slowdown_env({"worker:1": {"factor": 3.0, "delay_s": 0.06}})}
     cluster, out = _cluster(tmp_path, 2, env=env)
     with cluster:
         cluster.start(os.path.join(scripts_dir, "consistency_worker.py"),
