@@ -32,6 +32,28 @@ COLAB = ROOT / "colab"
 pytest_plugins = ["tests._cpu_report"]
 
 
+def _own_listen_ports() -> None:
+    """Each pytest-xdist worker picks listening ports from its own slice of the range (tfdist.cluster.local
+    ENV_LISTEN_PORTS): two workers' clusters never pick the same port between a pick and its task's bind."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return
+    from tfdist.cluster.local import ENV_LISTEN_PORTS, listen_port_range  # (a worker: the controller skips this)
+
+    if os.environ.get(ENV_LISTEN_PORTS):
+        return
+    span = listen_port_range()
+    if span is None:
+        return
+    width = (span[1] - span[0]) // int(count)
+    if width >= 100:
+        low = span[0] + int(worker[2:]) * width
+        os.environ[ENV_LISTEN_PORTS] = f"{low}-{low + width}"
+
+
+_own_listen_ports()
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Processes and clusters first, pure logic last: the short unit tests fill the workers' tails.

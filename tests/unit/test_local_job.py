@@ -1,6 +1,7 @@
 """LocalJob.check_servers: a PS or input task that exited fails the job, naming it (fake processes, no sockets)."""
 
 import collections
+import os
 
 import pytest
 
@@ -287,9 +288,10 @@ def test_free_ports_are_distinct_and_picked_at_once():
     assert not any(a.endswith(":0") for a in addresses)
 
 
-def test_free_ports_come_from_below_the_ephemeral_range_where_no_outgoing_connection_takes_them():
+def test_free_ports_come_from_below_the_ephemeral_range_where_no_outgoing_connection_takes_them(monkeypatch):
     from tfdist.cluster import local
 
+    monkeypatch.delenv(local.ENV_LISTEN_PORTS, raising=False)  # (an xdist worker has a slice: tests/conftest.py)
     span = local.listen_port_range()
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         low, high = (int(x) for x in f.read().split())
@@ -301,11 +303,32 @@ def test_free_ports_come_from_below_the_ephemeral_range_where_no_outgoing_connec
     assert local.LISTEN_PORT_MIN <= local.free_port() < low
 
 
+def test_tfdist_listen_ports_confines_the_picks_and_a_malformed_value_is_refused(monkeypatch):
+    """TFDIST_LISTEN_PORTS=LOW-HIGH: every pick in [LOW, HIGH) (the suite gives each xdist worker its own slice,
+    so two workers never pick the same port); a value that is not such a range is a LaunchError naming it."""
+    from tfdist.cluster import local
+    from tfdist.errors import LaunchError
+
+    monkeypatch.setenv(local.ENV_LISTEN_PORTS, "23000-23200")
+    assert local.listen_port_range() == (23000, 23200)
+    ports = local.free_ports(20)
+    assert len(set(ports)) == 20 and all(23000 <= p < 23200 for p in ports), ports
+    for bad in ("23000", "a-b", "23200-23000", "23000-23050", "80-2000", "60000-70000"):
+        monkeypatch.setenv(local.ENV_LISTEN_PORTS, bad)
+        with pytest.raises(LaunchError, match="TFDIST_LISTEN_PORTS=.*LOW-HIGH"):
+            local.free_ports(1)
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():  # this run's own slice (tests/conftest.py)
+        monkeypatch.undo()
+        low, high = local.listen_port_range()
+        assert high - low >= 100
+
+
 def test_free_ports_skip_a_port_in_use_and_fall_back_to_the_kernel(monkeypatch, tmp_path):
     import socket
 
     from tfdist.cluster import local
 
+    monkeypatch.delenv(local.ENV_LISTEN_PORTS, raising=False)
     if local.listen_port_range() is None:
         pytest.skip("no room below this machine's ephemeral range")
     busy = socket.socket()

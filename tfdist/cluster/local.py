@@ -51,11 +51,32 @@ _LISTEN_PORT_TRIES = 64
 _EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
+#: ``LOW-HIGH``: :func:`free_ports` picks from ``[LOW, HIGH)`` only. Processes that pick ports at the same time
+#: (the test suite's pytest-xdist workers: tests/conftest.py gives each a slice) then never pick the same one in
+#: the moment between a pick and the task's bind (seen: a test's PS port bound first by another worker's job,
+#: whose PS answered with the wrong token).
+ENV_LISTEN_PORTS = "TFDIST_LISTEN_PORTS"
+
+
 def listen_port_range() -> tuple[int, int] | None:
     """Ports ``[LISTEN_PORT_MIN, first ephemeral port)``: where the kernel never puts an outgoing connection.
 
-    ``None`` where the range cannot be read (not Linux) or leaves fewer than 1,000 ports.
+    ``None`` where the range cannot be read (not Linux) or leaves fewer than 1,000 ports. ``TFDIST_LISTEN_PORTS``
+    (``LOW-HIGH``, at least 100 ports within 1024..65535) replaces it.
+
+    Raises:
+        LaunchError: ``TFDIST_LISTEN_PORTS`` is set but not such a range.
     """
+    override = os.environ.get(ENV_LISTEN_PORTS, "").strip()
+    if override:
+        try:
+            low, high = (int(x) for x in override.split("-"))
+        except ValueError:
+            low = high = 0
+        if not 1024 <= low < high <= 65536 or high - low < 100:
+            raise LaunchError(f"{ENV_LISTEN_PORTS}={override!r}: give LOW-HIGH, at least 100 ports within 1024..65535 "
+                              "(e.g. 20000-21000), or unset it.")
+        return low, high
     try:
         with open(_EPHEMERAL_RANGE_FILE) as f:
             low = int(f.read().split()[0])
