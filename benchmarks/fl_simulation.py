@@ -307,7 +307,7 @@ def write_docs(report: dict, path: str) -> None:
             f"{r['startup_s']:.1f} | {r['wall_s']:.1f} | {r['final_accuracy']:.3f} | {100 * r['cpu_utilisation']:.0f}% | "
             f"{r.get('load_average_before', float('nan')):.1f} / {r.get('load_average_after', float('nan')):.1f} |"
         )
-    lines += [f"", *[f"Note: {n}" for n in report.get("notes", [])]] if report.get("notes") else []
+    lines += ["", *[f"Note: {n}" for n in report.get("notes", [])]] if report.get("notes") else []
     lines += [
         "",
         f"Ratios (rounds/s): tfdist 2 workers vs Flower with cached models {ratio('tfdist_w2', 'flower_cached')}, "

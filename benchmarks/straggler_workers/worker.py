@@ -59,7 +59,6 @@ def main():
     wid = group.worker_id
 
     import keras
-    import numpy as np
     import tensorflow as tf
     from sklearn.datasets import load_digits
 

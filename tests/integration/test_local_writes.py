@@ -67,8 +67,6 @@ def test_early_stopping_restores_the_best_weights_and_evaluate_keeps_them(monkey
 @pytest.mark.parametrize("consistency", ["async", "ssp"])
 def test_a_write_reaches_the_job_with_the_next_training_step(monkeypatch, consistency):
     """Two workers in one process around an in-process PS: the chief sets weights after training."""
-    import keras
-
     import tfdist
     from tfdist.ps.server import PSServer
 

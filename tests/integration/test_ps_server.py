@@ -1,6 +1,5 @@
 """A real PS process (python -m tfdist.ps) refuses bad input and keeps its values."""
 
-import os
 import subprocess
 import time
 

@@ -11,7 +11,6 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 
 import tfdist  # noqa: E402
 from file_barrier import wait_for_all  # noqa: E402  (this script's folder)

@@ -58,8 +58,6 @@ VOCAB, RESIDENT_THRESHOLD = 200, 4096
 
 
 def make_strategy(mode, cluster, me, token, ps_index):
-    import tfdist
-
     if mode == "all_reduce":  # no init_worker_group() in this script: the strategy joins the job's group itself
         return tfdist.AllReduceStrategy()
     if mode == "lone":  # a job of its own per worker process: one worker, one PS task
@@ -299,8 +297,6 @@ def run_custom_loop(strategy, model, xs, ys, me):
 def build_tables_model(strategy):
     """The tables case's model (built before the job's first step: tables are fixed when the PS initialises)."""
     import keras
-
-    import tfdist
 
     keras.utils.set_random_seed(3)
     with strategy.scope():

@@ -17,7 +17,6 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tfdist.collective  # noqa: E402  (no TF op yet)
 from tfdist.collective import init_worker_group  # noqa: E402
 
 
