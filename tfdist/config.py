@@ -480,6 +480,14 @@ class PSConfig:
             back to gRPC for a task whose port cannot be reached; ``"grpc"``:
             every call over gRPC (one port per task, e.g. behind a firewall
             that opens only that one). A job with TLS always uses gRPC.
+        shared_memory: With ``transport: auto``, a worker and a PS task on
+            the same host pass large message bodies through a shared-memory
+            region (``/dev/shm``) instead of the loopback TCP stack, which
+            costs both processes several times the CPU of a copy (see
+            :mod:`tfdist.stream_service`); the frames still travel over the
+            connection, so deadlines, lost tasks and refusals are as before.
+            Where no region can be made (no ``/dev/shm``, full, another user)
+            the bodies go over the socket. Defaults to ``True``.
         stream_port: The port each PS task serves its lean transport on
             (``transport: auto``), the same on every task, e.g. to open it in
             a firewall or a Kubernetes ``NetworkPolicy`` (the manifests then
@@ -506,6 +514,7 @@ class PSConfig:
     checkpoint_keep: int = 3
     reconnect_timeout_s: float = constants.DEFAULT_RECONNECT_TIMEOUT_S
     transport: str = "auto"
+    shared_memory: bool = True
     stream_port: int | None = None
 
     def __post_init__(self):
@@ -521,6 +530,8 @@ class PSConfig:
             raise _fail(f"ps.{name}", value, "Give a whole number >= 1" + (", or null." if nullable else "."))
         if self.transport not in ("auto", "grpc"):
             raise _fail("ps.transport", self.transport, 'Use "auto" (the default) or "grpc".')
+        if not isinstance(self.shared_memory, bool):
+            raise _fail("ps.shared_memory", self.shared_memory, "Give true or false.")
         p = self.stream_port
         if p is not None and (not isinstance(p, int) or isinstance(p, bool) or not 1 <= p <= 65535):
             raise _fail("ps.stream_port", p, "Give a TCP port from 1 to 65535, or null for a free port per task.")

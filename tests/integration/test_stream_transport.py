@@ -401,7 +401,8 @@ def test_messages_of_mixed_sizes_on_one_connection_arrive_whole_both_ways():
     service = StreamService({"Push": echo}, what="test", token=None, how_to_fix_token="x", max_message_bytes=1 << 26)
     service.start()
     try:
-        conn = StreamConnection("127.0.0.1", service.port, None, 5.0, 1 << 26)
+        # (over the socket: through shared memory, test_stream_shared_memory.py)
+        conn = StreamConnection("127.0.0.1", service.port, None, 5.0, 1 << 26, shared_memory=False)
         for n in (6 << 20, 6 << 20, 1000, 9 << 20, 0, 5 << 20):
             body = conn.call("Push", wire.encode_chunks({"n": n}, {"x": np.ones(n, dtype=np.uint8)}), 10.0)
             meta, tensors = wire.decode(body)

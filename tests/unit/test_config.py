@@ -90,6 +90,8 @@ def test_cluster_spec_round_trip():
         ({"cluster": {"ps": 1, "worker": 1}, "ps": {"stream_port": 70000}}, "ps.stream_port"),
         ({"cluster": {"ps": 1, "worker": 1}, "ps": {"stream_port": "2223"}}, "ps.stream_port"),
         ({"cluster": {"ps": 1, "worker": 1}, "ps": {"stream_port": True}}, "ps.stream_port"),
+        ({"cluster": {"ps": 1, "worker": 1}, "ps": {"shared_memory": "yes"}}, "ps.shared_memory"),
+        ({"cluster": {"ps": 1, "worker": 1}, "ps": {"shared_memory": 1}}, "ps.shared_memory"),
     ],
 )
 def test_bad_fields_are_named(data, field):

@@ -59,7 +59,7 @@ class RawServer:
             self.error = e
 
     def connect(self):
-        return StreamConnection("127.0.0.1", self.port, None, 5.0, 1 << 30)
+        return StreamConnection("127.0.0.1", self.port, None, 5.0, 1 << 30, shared_memory=False)  # (the socket path)
 
     def close(self):
         self.thread.join(30)

@@ -116,6 +116,9 @@ class PSClient:
         stream: Send the data plane over the tasks' lean transport where
             they offer it (never with TLS). Defaults to ``True``
             (setting ``ps.transport``).
+        shared_memory: Over that transport, pass large bodies to a task on
+            this host through shared memory. Defaults to ``True`` (setting
+            ``ps.shared_memory``).
     """
 
     def __init__(
@@ -127,6 +130,7 @@ class PSClient:
         tls_ca: str | None = None,
         tune_malloc: bool = True,
         stream: bool = True,
+        shared_memory: bool = True,
     ):
         if tune_malloc:
             memory.tune_malloc()
@@ -135,6 +139,7 @@ class PSClient:
         self._max_message_bytes = max_message_bytes
         #: Whether data-plane calls may use the tasks' stream transport (never with TLS).
         self.stream = bool(stream) and not tls_ca
+        self._shared_memory = bool(shared_memory)
         self._routes = [_StreamRoute() for _ in self.addresses]
         self.rpc_timeout_s = rpc_timeout_s
         self.tls_ca = tls_ca
@@ -403,7 +408,7 @@ class PSClient:
             try:
                 conn = StreamConnection(host, port, self._token,
                                         max(min(deadline - time.monotonic(), _STREAM_CONNECT_S), 1e-3),
-                                        self._max_message_bytes)
+                                        self._max_message_bytes, shared_memory=self._shared_memory)
                 route.retry_after = _STREAM_RETRY_S
                 return conn
             except StreamStatusError as e:  # refused at the hello (the token)

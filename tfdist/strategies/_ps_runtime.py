@@ -203,6 +203,7 @@ class PSRuntime(RuntimeTables):
                 tls_ca=self.config.security.tls_ca,
                 tune_malloc=self.config.ps.tune_malloc,
                 stream=self.config.ps.transport == "auto",
+                shared_memory=self.config.ps.shared_memory,
             )
             session = self._new_session(
                 client, self.specs, self.plan, self.worker_id, self.is_chief,

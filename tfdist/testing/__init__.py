@@ -192,7 +192,7 @@ class LocalCluster:
     def client(self, rpc_timeout_s: float = 10.0) -> PSClient:
         """A PS client with this job's token."""
         return PSClient(self.config.cluster.ps, self.token, rpc_timeout_s=rpc_timeout_s,
-                        stream=self.config.ps.transport == "auto")
+                        stream=self.config.ps.transport == "auto", shared_memory=self.config.ps.shared_memory)
 
     def stop(self) -> None:
         self.job.stop(grace=2.0)
