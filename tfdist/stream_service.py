@@ -656,34 +656,53 @@ class StreamConnection:
         #: The shared-memory region large bodies travel through (a server on this host), else None.
         self._region: _Region | None = None
         self.closed = False
-        self._sock = socket.create_connection((host.strip("[]"), port), timeout=timeout)
+        secret = token.encode() if token else b""
+        self._sock = self._open(host, port, secret, timeout)
+        if shared_memory and _same_host(self._sock):
+            try:
+                kept = self._attach()
+                if not kept:  # a server that does not know the attach closes the connection: a new one, without
+                    self._sock.close()
+                    self._sock = self._open(host, port, secret, timeout)
+            except BaseException:
+                self.close()
+                raise
+
+    def _open(self, host: str, port: int, secret: bytes, timeout: float) -> socket.socket:
+        """A connected socket past the hello."""
+        sock = socket.create_connection((host.strip("[]"), port), timeout=timeout)
         try:
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            secret = token.encode() if token else b""
-            _send_all(self._sock, [_HELLO.pack(b"TFDH", VERSION, len(secret)), secret])
-            head = self._recv(_HELLO_ACK.size)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _send_all(sock, [_HELLO.pack(b"TFDH", VERSION, len(secret)), secret])
+            head = _recv_exact(sock, _HELLO_ACK.size)
+            if head is None:
+                raise ConnectionError("the server closed the connection")
             magic, status, length = _HELLO_ACK.unpack(head)
             if magic != b"TFDA" or length > 1 << 16:
                 raise ConnectionError("not a tfdist stream service")
-            message = bytes(self._recv(length)).decode("utf-8", "replace") if length else ""
+            message = bytes(_recv_exact(sock, length) or b"").decode("utf-8", "replace") if length else ""
             if status:
                 raise StreamStatusError(_STATUS_BY_NUMBER.get(status, grpc.StatusCode.UNKNOWN), message)
-            if shared_memory and _same_host(self._sock):
-                self._attach()
         except BaseException:
-            self.close()
+            self.closed = True
+            sock.close()
             raise
+        return sock
 
     @property
     def shared_memory(self) -> bool:
         """Whether large bodies travel through a shared-memory region (see the module's docstring)."""
         return self._region is not None
 
-    def _attach(self) -> None:
-        """Offers the server a shared-memory region; keeps it if the server mapped it (else the socket only)."""
+    def _attach(self) -> bool:
+        """Offers the server a shared-memory region; keeps it if the server mapped it (else the socket only).
+
+        Returns False when the server refused the request as unknown (a tfdist without shared memory), which
+        closes the connection.
+        """
         made = _new_region()
         if made is None:
-            return
+            return True
         region, name, nonce = made
         try:
             body = nonce + name.encode("ascii")
@@ -700,8 +719,9 @@ class StreamConnection:
         if status:
             logger.debug("no shared memory with the stream server (%s): message bodies go over the socket", text)
             region.close()
-            return
+            return status != grpc.StatusCode.UNIMPLEMENTED.value[0]
         self._region = region
+        return True
 
     def _request(self, method: str, chunks: Sequence[bytes | memoryview], timeout: float | None) -> list:
         """A request's buffers to send: its frame, and its body unless the body went into the region."""

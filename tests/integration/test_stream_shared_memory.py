@@ -395,3 +395,52 @@ def test_whatever_a_client_puts_in_its_region_and_frames_changes_nothing(ps_serv
     with PSClient([ps_server.address], TOKEN) as client:
         assert client.call(0, "Pull", {"worker": -1})[0]["version"] == before[0]
         assert all(c.shared_memory for c in client._routes[0].idle)
+
+
+def test_a_server_that_does_not_know_the_attach_is_called_over_the_socket_on_a_new_connection():
+    """A server of a tfdist without shared memory refuses the attach as an unknown method and closes the
+    connection (as any refusal before a body): the client connects again, without a region, and its calls work."""
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+    port, seen = listener.getsockname()[1], []
+
+    def old_server():
+        for _ in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(10)
+                _, _, n = struct.unpack("<4sBH", _recv(conn, 5 + 2))
+                _recv(conn, n)
+                conn.sendall(struct.pack("<4sBI", b"TFDA", 0, 0))
+                while True:
+                    head = _recv(conn, REQUEST.size)
+                    if len(head) < REQUEST.size:
+                        break
+                    magic, name_len, _, length = REQUEST.unpack(head)
+                    method = _recv(conn, name_len).decode()
+                    seen.append((magic, method))
+                    body = _recv(conn, length)
+                    if method != "Echo":  # (the old server: an unknown method is refused, the connection closed)
+                        text = f"no method {method!r}".encode()
+                        conn.sendall(REPLY.pack(b"TFDR", 12, len(text)) + text)
+                        break
+                    reply = wire.encode(*_echo(*wire.decode(body), None))
+                    conn.sendall(REPLY.pack(b"TFDR", 0, len(reply)) + reply)
+
+    thread = threading.Thread(target=old_server, daemon=True)
+    thread.start()
+    try:
+        conn = StreamConnection("127.0.0.1", port, None, 5.0, 1 << 26)
+        try:
+            assert not conn.shared_memory
+            body = conn.call("Echo", wire.encode_chunks({"n": 1 << 20}, {"x": np.full(1 << 20, 3, np.uint8)}), 10.0)
+            assert wire.decode(body)[1]["x"].shape == (1 << 20,)
+        finally:
+            conn.close()
+        thread.join(10)
+        assert not thread.is_alive()
+        assert seen == [(b"TFDQ", ss._ATTACH), (b"TFDQ", "Echo")]
+    finally:
+        listener.close()
