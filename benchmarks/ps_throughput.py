@@ -71,7 +71,7 @@ SECTION = "parameter-server"  # the marked section of docs/benchmarks.md this sc
 
 CONFIGS = ("plain", "tfdist_single", "tf_onedevice", "tfdist_1w1ps", "tfdist_2w2ps", "mwms", "tf_pss", "mwms_split",
            "tfdist_2w2ps_k4", "tfdist_2w2ps_auto", "tf_pss_spe10", "tfdist_2w2ps_grpc", "tfdist_2w2ps_defaults",
-           "tfdist_1w1ps_grpc")
+           "tfdist_1w1ps_grpc", "tfdist_2w2ps_defaults_tcp")
 #: strategy.exchange_every of the tfdist_2w2ps_k4 row.
 EXCHANGE_EVERY = 4
 #: steps_per_execution of the tf_pss_spe10 row: TF PSS's best measured on this machine (issue #23: 10,600
@@ -90,6 +90,8 @@ CONFIG_LABELS = {
     "tfdist_2w2ps_auto": "tfdist PS (async, `exchange_every: auto`), 2 workers + 2 PS",
     "tfdist_1w1ps_grpc": "tfdist PS, 1 worker + 1 PS, every call over gRPC (`ps.transport: grpc`)",
     "tfdist_2w2ps_grpc": "tfdist PS (async), 2 workers + 2 PS, every call over gRPC (`ps.transport: grpc`)",
+    "tfdist_2w2ps_defaults_tcp": "tfdist PS (async), 2 workers + 2 PS, the library's defaults but "
+                                 "`ps.shared_memory: false` (message bodies over loopback TCP, as before 2026-11-29)",
     "tfdist_2w2ps_defaults": "tfdist PS (async), 2 workers + 2 PS, the library's defaults (`exchange_every: auto`, "
                              "round-robin placement, no partitioning), whatever --placement says",
     "tf_pss_spe10": f"TF ParameterServerStrategy, 2 workers + 1 PS + coordinator (tf-keras), "
@@ -290,7 +292,7 @@ def run_plain(model, warmup, steps, children, log_dir, timeout, mode="plain"):
 
 
 def run_tfdist(model, n, warmup, steps, log_dir, timeout, placement, partition_threshold_bytes, exchange_every=1,
-               transport="auto"):
+               transport="auto", shared_memory=True):
     from tfdist.config import JobConfig
     from tfdist.testing import LocalCluster
 
@@ -298,6 +300,7 @@ def run_tfdist(model, n, warmup, steps, log_dir, timeout, placement, partition_t
     config.ps.placement = placement
     config.ps.partition_threshold_bytes = partition_threshold_bytes
     config.ps.transport = transport
+    config.ps.shared_memory = shared_memory
     config.strategy.exchange_every = exchange_every
     out = tempfile.mkdtemp(prefix=f"tfdist-{model}-{n}w-", dir=log_dir)
     with LocalCluster(workers=n, ps=n, config=config, log_dir=out) as cluster:
@@ -414,12 +417,13 @@ def _run_config(config, model, warmup, steps, children, log_dir, placement, thre
         elif config == "tfdist_2w2ps_grpc":
             row = run_tfdist(model, 2, warmup, steps, log_dir, timeout, placement, threshold, transport="grpc")
             row["transport"] = "grpc"
-        elif config == "tfdist_2w2ps_defaults":
+        elif config in ("tfdist_2w2ps_defaults", "tfdist_2w2ps_defaults_tcp"):
             from tfdist.config import PSConfig
 
             defaults = PSConfig()
             row = run_tfdist(model, 2, warmup, steps, log_dir, timeout, defaults.placement,
-                             defaults.partition_threshold_bytes, exchange_every=None)  # (async: auto)
+                             defaults.partition_threshold_bytes, exchange_every=None,  # (async: auto)
+                             shared_memory=config == "tfdist_2w2ps_defaults")
         elif config == "mwms":
             row = run_mwms(model, warmup, steps, children, log_dir, timeout)
         elif config == "tf_pss":
@@ -537,9 +541,12 @@ def _ratios(rows: dict) -> dict:
         ratios["tfdist_2w2ps_auto_vs_best_baseline"] = eps("tfdist_2w2ps_auto") / baselines[best]
         ratios["tfdist_2w2ps_auto_vs_best_baseline_per_pass"] = per_pass("tfdist_2w2ps_auto", best)
         vs_each_baseline("tfdist_2w2ps_auto")
-    for name in ("tfdist_2w2ps_grpc", "tfdist_2w2ps_defaults"):
+    for name in ("tfdist_2w2ps_grpc", "tfdist_2w2ps_defaults", "tfdist_2w2ps_defaults_tcp"):
         if eps(name) and baselines:
             vs_each_baseline(name)
+    if eps("tfdist_2w2ps_defaults") and eps("tfdist_2w2ps_defaults_tcp"):  # shared memory against loopback TCP
+        ratios["tfdist_2w2ps_defaults_vs_tcp_per_pass"] = per_pass("tfdist_2w2ps_defaults",
+                                                                   "tfdist_2w2ps_defaults_tcp")
     if eps("tfdist_2w2ps_grpc") and eps("tfdist_2w2ps"):  # the lean transport against gRPC, same run
         ratios["tfdist_2w2ps_vs_grpc_transport_per_pass"] = per_pass("tfdist_2w2ps", "tfdist_2w2ps_grpc")
     if eps("tfdist_2w2ps_auto") and eps("tfdist_2w2ps"):
