@@ -65,7 +65,7 @@ from benchmarks import _common  # noqa: E402
 WORKER = os.path.join(ROOT, "benchmarks", "ps_workers", "ctr_worker.py")
 TFPSS_SERVER = os.path.join(ROOT, "benchmarks", "ps_workers", "tfpss_server.py")
 TFPSS_COORDINATOR = os.path.join(ROOT, "benchmarks", "ps_workers", "tfpss_ctr_coordinator.py")
-CONFIGS = ("tfdist", "tf_pss", "tfdist_grpc", "tfdist_every1")
+CONFIGS = ("tfdist", "tf_pss", "tfdist_grpc", "tfdist_every1", "tfdist_tcp")
 WORKERS, PS = 2, 2
 #: Seconds the TF PSS coordinator may take to exit once its result is written (then it is killed).
 COORDINATOR_EXIT_GRACE_S = 30.0
@@ -146,12 +146,13 @@ def cpu_per_step(sampler: CpuSampler, window: tuple[float, float], steps: int) -
 
 
 def run_tfdist(args, run_dir: str, children: _common.Children, transport: str = "auto",
-               exchange_every: int | str | None = None) -> dict:
+               exchange_every: int | str | None = None, shared_memory: bool = True) -> dict:
     from tfdist.config import JobConfig
     from tfdist.testing import LocalCluster
 
     config = JobConfig(name="ctr-throughput")  # defaults: async, round-robin placement, exchange_every auto
     config.ps.transport = transport
+    config.ps.shared_memory = shared_memory
     config.strategy.exchange_every = exchange_every
     config.launch.max_restarts = 0  # a failed run is reported, not retried
     argv = ["--scale", args.scale, "--out-dir", run_dir, "--batch", str(args.batch), "--emb-dim", str(args.emb_dim),
@@ -238,7 +239,8 @@ def run_tf_pss(args, run_dir: str, children: _common.Children) -> dict:
 
 RUNNERS = {"tfdist": run_tfdist, "tf_pss": run_tf_pss,
            "tfdist_grpc": lambda args, run_dir, children: run_tfdist(args, run_dir, children, transport="grpc"),
-           "tfdist_every1": lambda args, run_dir, children: run_tfdist(args, run_dir, children, exchange_every=1)}
+           "tfdist_every1": lambda args, run_dir, children: run_tfdist(args, run_dir, children, exchange_every=1),
+           "tfdist_tcp": lambda args, run_dir, children: run_tfdist(args, run_dir, children, shared_memory=False)}
 
 
 def _per_pass_ratios(runs: list[dict], numerator: str, denominator: str) -> list[float]:
@@ -263,6 +265,8 @@ def summarize(runs: list[dict], configs: list[str]) -> dict:
         out["target"] = {"min_ratio": TARGET_RATIO, "met": None if ratio is None else ratio >= TARGET_RATIO}
     if {"tfdist", "tfdist_grpc"} <= set(configs):  # the data plane's lean transport against gRPC, same run
         out["ratio_tfdist_over_tfdist_grpc_per_pass"] = _per_pass_ratios(runs, "tfdist", "tfdist_grpc")
+    if {"tfdist", "tfdist_tcp"} <= set(configs):  # shared memory against loopback TCP, same run
+        out["ratio_tfdist_over_tfdist_tcp_per_pass"] = _per_pass_ratios(runs, "tfdist", "tfdist_tcp")
     if {"tfdist", "tfdist_every1"} <= set(configs):  # exchange_every auto (the default) against every step
         out["ratio_tfdist_over_tfdist_every1_per_pass"] = _per_pass_ratios(runs, "tfdist", "tfdist_every1")
     return out
@@ -276,7 +280,8 @@ def main(argv=None) -> int:
                    "Defaults to 4.")
     p.add_argument("--configs", default="tfdist,tf_pss",
                    help=f"comma-separated, of {list(CONFIGS)}. Defaults to tfdist,tf_pss; tfdist_grpc is tfdist with "
-                        "ps.transport: grpc (the transport before, in the same run)")
+                        "ps.transport: grpc (the transport before, in the same run); tfdist_tcp with "
+                        "ps.shared_memory: false")
     p.add_argument("--batch", type=int, default=256, help="examples per step on each worker (the example's)")
     p.add_argument("--emb-dim", type=int, default=16, help="width of the deep table (the example's)")
     p.add_argument("--warmup", type=int, default=20, help="warm-up steps per worker (tfdist; TF PSS: an epoch "
@@ -310,6 +315,8 @@ def main(argv=None) -> int:
                     "tfdist_grpc": "the same with ps.transport: grpc (every call over gRPC, the transport before)",
                     "tfdist_every1": "the same with strategy.exchange_every: 1 (every step; the default before "
                                      "2026-11-28 evening)",
+                    "tfdist_tcp": "the same with ps.shared_memory: false (bodies over loopback TCP, the default "
+                                  "before 2026-11-29)",
                     "tf_pss": "tf.distribute.ParameterServerStrategy, tf-keras Embedding tables as PS variables "
                               "(MinSizePartitioner(256 KiB, max_shards=2)), coordinator + 2 worker servers"},
         "runs": [],
