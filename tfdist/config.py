@@ -487,7 +487,9 @@ class PSConfig:
             :mod:`tfdist.stream_service`); the frames still travel over the
             connection, so deadlines, lost tasks and refusals are as before.
             Where no region can be made (no ``/dev/shm``, full, another user)
-            the bodies go over the socket. Defaults to ``True``.
+            the bodies go over the socket; bodies over 64 MiB always do (a
+            kept connection holds a region the size of its largest body).
+            Defaults to ``True``.
         stream_port: The port each PS task serves its lean transport on
             (``transport: auto``), the same on every task, e.g. to open it in
             a firewall or a Kubernetes ``NetworkPolicy`` (the manifests then

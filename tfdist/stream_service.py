@@ -49,7 +49,8 @@ name), writes a random nonce into it and asks the server to map it
 regular file of its own user, mode 0600, one link, named as tfdist names
 them, holding that nonce; either side then unlinks it (nothing is left in
 ``/dev/shm``, even when a process is killed). From then on, a message body of
-at least :data:`SHARED_MEMORY_MIN_BODY` bytes is written into that region and
+at least :data:`SHARED_MEMORY_MIN_BODY` bytes (and at most
+:data:`SHARED_MEMORY_MAX_REGION`) is written into that region and
 only its frame crosses the socket (request ``b"TFDM"``, reply ``b"TFDN"``:
 the same fields, no body after them). One call at a time per connection:
 the client writes a request and sends its frame; the server copies the body
@@ -94,7 +95,7 @@ from tfdist import wire
 from tfdist.errors import WireFormatError
 from tfdist.grpc_service import error_status
 
-__all__ = ["SHARED_MEMORY_MIN_BODY", "StreamService", "StreamConnection", "StreamStatusError", "VERSION", "call_many"]
+__all__ = ["SHARED_MEMORY_MAX_REGION", "SHARED_MEMORY_MIN_BODY", "StreamService", "StreamConnection", "StreamStatusError", "VERSION", "call_many"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,10 @@ _STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 #: Message bodies at least this large travel through a connection's shared-memory region when it has one
 #: (smaller ones cost less on the socket than the region's bookkeeping).
 SHARED_MEMORY_MIN_BODY = 64 << 10
+#: The largest a connection's region grows: larger bodies go over the socket. A region keeps its size for the
+#: connection's life (a worker keeps a few connections per task), so this bounds what a local job holds in
+#: ``/dev/shm``; an 8.6 MB CNN exchange or a 1 MiB MLP one is far below it.
+SHARED_MEMORY_MAX_REGION = 64 << 20
 _SHM_DIR = "/dev/shm"
 _SHM_PREFIX = "tfdist-stream-"
 _SHM_NAME = re.compile(r"tfdist-stream-[0-9a-f]{32}\Z")
@@ -201,6 +206,8 @@ class _Region:
         """At least ``n`` bytes mapped, the file grown first when needed; False when it cannot grow (full)."""
         if n <= len(self.map):
             return True
+        if n > SHARED_MEMORY_MAX_REGION:
+            return False
         size = -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
         try:
             os.posix_fallocate(self.fd, 0, size)  # (pages taken now: ENOSPC here, not SIGBUS on a write)

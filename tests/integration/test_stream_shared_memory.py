@@ -93,6 +93,18 @@ def test_without_shared_memory_the_same_bodies_cross_the_socket(echo_service):
         conn.close()
 
 
+def test_bodies_past_the_largest_region_go_over_the_socket(echo_service, monkeypatch):
+    """A region grows to at most SHARED_MEMORY_MAX_REGION (what a local job holds in /dev/shm stays bounded)."""
+    monkeypatch.setattr(ss, "SHARED_MEMORY_MAX_REGION", 2 << 20)
+    conn = StreamConnection("127.0.0.1", echo_service.port, None, 5.0, 1 << 26)
+    try:
+        _round_trips(conn, (1 << 20, 3 << 20))
+        assert conn._proven >= 3 << 20 and conn._proven < 4 << 20  # the 3 MiB reply crossed the socket
+        assert mmap.PAGESIZE < len(conn._region) <= 2 << 20  # the 1 MiB bodies used the region
+    finally:
+        conn.close()
+
+
 def test_a_full_dev_shm_sends_the_bodies_over_the_socket(echo_service, monkeypatch):
     """No page beyond the first can be taken (a container's small /dev/shm): calls go on over the socket."""
     real = os.posix_fallocate
