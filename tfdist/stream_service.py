@@ -47,19 +47,21 @@ host's cores. So a client whose connection ends on its own address
 name), writes a random nonce into it and asks the server to map it
 (``AttachSharedMemory``, after the hello). The server maps it only if it is a
 regular file of its own user, mode 0600, one link, named as tfdist names
-them, holding that nonce; either side then unlinks it (nothing is left in
-``/dev/shm``, even when a process is killed). From then on, a message body of
+them, holding that nonce; either side then unlinks it (once attached,
+nothing is left in ``/dev/shm``, even when a process is killed; a client
+killed in the middle of its attach can leave one page). From then on, a message body of
 at least :data:`SHARED_MEMORY_MIN_BODY` bytes (and at most
 :data:`SHARED_MEMORY_MAX_REGION`) is written into that region and
 only its frame crosses the socket (request ``b"TFDM"``, reply ``b"TFDN"``:
 the same fields, no body after them). One call at a time per connection:
 the client writes a request and sends its frame; the server copies the body
 out into a buffer of its own, as a socket read would, before it writes the
-reply there; the client copies the reply out. Neither side keeps a view of
-the region, so what a handler decodes is private, as before. The writer of a
-body larger than the region grows the file first (``posix_fallocate``: a
-full ``/dev/shm``, a container's 64 MB, is an ``OSError`` there, and the body
-goes over the socket instead; never a ``SIGBUS``). A region is one more way
+reply there; the client copies the reply out. Both copy with
+``pwritev``/``preadv`` on the file (:class:`_Region`), never through a
+mapping, so what a handler decodes is private, as before; a full
+``/dev/shm`` (a container's 64 MB) fails the write and the body goes over the
+socket; a file shorter than its frame says is a refused request, never a
+``SIGBUS``. A region is one more way
 to carry a body, not a new trust: only an authenticated client can attach,
 the server checks every declared size as before, and the file is one its own
 user made (who can read that process's memory anyway). A refused attach
@@ -77,7 +79,6 @@ import errno
 import hmac
 import logging
 import math
-import mmap
 import os
 import re
 import secrets
@@ -186,73 +187,69 @@ def _status_frame(code: grpc.StatusCode, details: str) -> list[bytes]:
 
 # ------------------------------------------------------------ shared memory
 class _Region:
-    """The shared-memory file of one connection, mapped by both of its ends: the body of the message in flight.
+    """The shared-memory file of one connection: the body of the message in flight.
 
     Used by one side at a time (one call at a time per connection, see the
-    module's docstring). Never exports a view: :meth:`write` copies in,
-    :meth:`read` copies out, so the map can always be replaced or closed.
+    module's docstring), through ``pwritev``/``preadv`` on the file, never a
+    mapping: each is one copy by the kernel (no page faults on fresh pages,
+    nothing to remap as it grows), a peer that truncates the file makes a
+    read come back short (refused) instead of a ``SIGBUS``, and a full
+    ``/dev/shm`` fails the write with ``ENOSPC`` (the body then goes over the
+    socket). The descriptor is a file object, closed when collected.
     """
 
-    __slots__ = ("fd", "map")
+    __slots__ = ("file", "size")
 
-    def __init__(self, fd: int, size: int):
-        self.fd = fd
-        self.map = mmap.mmap(fd, size)
+    def __init__(self, fd: int):
+        self.file = open(fd, "r+b", buffering=0, closefd=True)  # noqa: SIM115 (closed by close() or collection)
+        #: The largest body written or read through it so far (what it holds in /dev/shm).
+        self.size = 0
 
-    def __len__(self) -> int:
-        return len(self.map)
-
-    def grow(self, n: int) -> bool:
-        """At least ``n`` bytes mapped, the file grown first when needed; False when it cannot grow (full)."""
-        if n <= len(self.map):
-            return True
-        if n > SHARED_MEMORY_MAX_REGION:
+    def write(self, chunks: Sequence[bytes | memoryview], length: int) -> bool:
+        """Writes the chunks one after another from the region's start; False if they did not all fit
+        (``/dev/shm`` full) or ``length`` is past :data:`SHARED_MEMORY_MAX_REGION`: send the body otherwise."""
+        if length > SHARED_MEMORY_MAX_REGION:
             return False
-        size = -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
-        try:
-            os.posix_fallocate(self.fd, 0, size)  # (pages taken now: ENOSPC here, not SIGBUS on a write)
-            self._remap(size)
-        except OSError as e:
-            logger.debug("shared-memory region not grown to %d bytes (%s): the body goes over the socket", size, e)
-            return False
-        return True
-
-    def fit(self, n: int) -> bool:
-        """At least ``n`` bytes mapped, as far as the file (grown by the other side) holds; False if it does not."""
-        if n <= len(self.map):
-            return True
-        size = os.fstat(self.fd).st_size
-        if size < n:
-            return False
-        self._remap(size)
-        return True
-
-    def _remap(self, size: int) -> None:
-        old, self.map = self.map, mmap.mmap(self.fd, size)
-        old.close()
-
-    def write(self, chunks: Sequence[bytes | memoryview]) -> int:
-        """Copies the chunks one after another from the region's start; returns their total size."""
+        pending = [memoryview(c).cast("B") for c in chunks if len(c)]
         offset = 0
-        with memoryview(self.map) as region:
-            for chunk in chunks:
-                with memoryview(chunk) as view, view.cast("B") as data:
-                    region[offset:offset + data.nbytes] = data
-                    offset += data.nbytes
-        return offset
+        try:
+            while pending:
+                written = os.pwritev(self.file.fileno(), pending[:_MAX_IOV], offset)
+                if written <= 0:
+                    return False
+                offset += written
+                while written:
+                    first = pending[0]
+                    if written >= len(first):
+                        written -= len(first)
+                        pending.pop(0)
+                    else:
+                        pending[0] = first[written:]
+                        written = 0
+        except OSError as e:  # ENOSPC, EFBIG, a memory limit
+            logger.debug("shared-memory region not written (%s): the body goes over the socket", e)
+            return False
+        self.size = max(self.size, offset)
+        return offset == length
 
-    def read(self, n: int) -> bytearray:
-        """A private copy of the region's first ``n`` bytes."""
+    def read(self, n: int) -> bytearray | None:
+        """A private copy of the region's first ``n`` bytes; None if the file holds fewer (or ``n`` is past
+        :data:`SHARED_MEMORY_MAX_REGION`)."""
+        if n > SHARED_MEMORY_MAX_REGION:
+            return None
         body = bytearray(n)
-        with memoryview(self.map) as region:
-            body[:] = region[:n]
+        got = 0
+        with memoryview(body) as view:
+            while got < n:
+                k = os.preadv(self.file.fileno(), [view[got:]], got)
+                if k <= 0:
+                    return None  # (the file is shorter than the frame says)
+                got += k
+        self.size = max(self.size, n)
         return body
 
     def close(self) -> None:
-        try:
-            self.map.close()
-        finally:
-            os.close(self.fd)
+        self.file.close()
 
 
 def _same_host(sock: socket.socket) -> bool:
@@ -269,19 +266,15 @@ def _new_region() -> tuple[_Region, str, bytes] | None:
     path = os.path.join(_SHM_DIR, name)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:  # no /dev/shm (macOS), read-only, full
+    except OSError as e:  # no /dev/shm (macOS), read-only
         logger.debug("no shared-memory region (%s): message bodies go over the socket", e)
         return None
-    try:
-        os.posix_fallocate(fd, 0, mmap.PAGESIZE)
-        region = _Region(fd, mmap.PAGESIZE)
-    except OSError as e:
-        os.close(fd)
-        _unlink(path)
-        logger.debug("no shared-memory region (%s): message bodies go over the socket", e)
-        return None
+    region = _Region(fd)
     nonce = secrets.token_bytes(_NONCE)
-    region.map[:_NONCE] = nonce
+    if not region.write([nonce], _NONCE):  # (full)
+        region.close()
+        _unlink(path)
+        return None
     return region, name, nonce
 
 
@@ -292,7 +285,7 @@ def _unlink(path: str) -> None:
         pass
 
 
-def _open_region(body: bytes | bytearray, max_bytes: int) -> _Region:
+def _open_region(body: bytes | bytearray) -> _Region:
     """The server's side of an attach: the region the request names, checked. Raises ``ValueError`` (why)."""
     nonce, name = bytes(body[:_NONCE]), bytes(body[_NONCE:]).decode("ascii", "replace")
     if len(nonce) < _NONCE or not _SHM_NAME.match(name):
@@ -302,23 +295,23 @@ def _open_region(body: bytes | bytearray, max_bytes: int) -> _Region:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ValueError(f"cannot open the region ({e.strerror})") from None  # (another host, another user)
-    region = None
+    region = _Region(fd)
     try:
         st = os.fstat(fd)
         if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_nlink != 1
-                or not _NONCE <= st.st_size <= max(max_bytes, mmap.PAGESIZE)):
-            raise ValueError("the region is not a file of this user's, mode 0600, of a message's size")
-        region = _Region(fd, st.st_size)
-        with memoryview(region.map) as view:
-            if not hmac.compare_digest(bytes(view[:_NONCE]), nonce):
-                raise ValueError("the region does not hold the nonce the request names")
-        _unlink(path)
+                or not _NONCE <= st.st_size <= SHARED_MEMORY_MAX_REGION):
+            raise ValueError("the region is not a file of this user's, mode 0600, one link, of a message's size")
+        if not hmac.compare_digest(os.pread(fd, _NONCE, 0), nonce):
+            raise ValueError("the region does not hold the nonce the request names")
+        named = os.stat(path, follow_symlinks=False)
+        if (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino):  # (still the file opened: unlink its name)
+            _unlink(path)
         return region
+    except OSError as e:
+        region.close()
+        raise ValueError(f"cannot use the region ({e.strerror})") from None
     except BaseException:
-        if region is not None:
-            region.close()
-        else:
-            os.close(fd)
+        region.close()
         raise
 
 
@@ -384,8 +377,12 @@ class StreamService:
                  errors: Sequence[tuple[type, grpc.StatusCode]] = (),
                  on_malformed: Callable[[str], None] | None = None, max_connections: int = 64,
                  hello_timeout_s: float = 10.0, port: int = 0):
+        if _ATTACH in handlers:
+            raise ValueError(f"{_ATTACH} is the stream layer's own method, not a handler's")
         self.what = what
         self._handlers = dict(handlers)
+        #: Requests whose body came through a connection's shared-memory region (for tests and statistics).
+        self.mapped_requests = 0
         self._token = token.encode() if token else None
         self._how_to_fix_token = how_to_fix_token
         self._max_message_bytes = int(max_message_bytes)
@@ -519,10 +516,11 @@ class StreamService:
             return self._refuse(conn, on_socket, grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"Received message larger than max ({body_len} vs. {self._max_message_bytes})")
         if mapped:
-            if not peer.region.fit(body_len):
+            body = peer.region.read(body_len)  # (a private copy, as from the socket)
+            if body is None:
                 return self._refuse(conn, 0, grpc.StatusCode.INVALID_ARGUMENT,
                                     f"{self.what}: a request body of {body_len} bytes beyond its shared-memory region")
-            body = peer.region.read(body_len)  # (a private copy, as from the socket)
+            self.mapped_requests += 1
         else:
             body = _recv_exact(conn, body_len, peer.proven) if body_len else bytearray()
             if body is None:
@@ -547,8 +545,7 @@ class StreamService:
         region = peer.region
         if region is not None:
             magic, status, length = _REPLY.unpack(frame[0])
-            if status == 0 and length >= SHARED_MEMORY_MIN_BODY and region.grow(length):
-                region.write(frame[1:])
+            if status == 0 and length >= SHARED_MEMORY_MIN_BODY and region.write(frame[1:], length):
                 _send_all(conn, [_REPLY.pack(_REPLY_MAPPED, 0, length)])
                 return
         _send_all(conn, frame)
@@ -568,7 +565,7 @@ class StreamService:
         try:
             if peer.region is not None:
                 raise ValueError("this connection already has a shared-memory region")
-            peer.region = _open_region(body, self._max_message_bytes)
+            peer.region = _open_region(body)
         except ValueError as e:
             _send_all(conn, _status_frame(grpc.StatusCode.FAILED_PRECONDITION, f"{self.what}: {e}"))
             return True
@@ -664,13 +661,15 @@ class StreamConnection:
         self._region: _Region | None = None
         self.closed = False
         secret = token.encode() if token else b""
+        deadline = time.monotonic() + timeout  # (the hello, the attach and a second hello share it)
         self._sock = self._open(host, port, secret, timeout)
         if shared_memory and _same_host(self._sock):
             try:
+                self._sock.settimeout(max(deadline - time.monotonic(), 1e-3))
                 kept = self._attach()
-                if not kept:  # a server that does not know the attach closes the connection: a new one, without
+                if not kept:  # the server closes the connection after such a refusal: a new one, without
                     self._sock.close()
-                    self._sock = self._open(host, port, secret, timeout)
+                    self._sock = self._open(host, port, secret, max(deadline - time.monotonic(), 1e-3))
             except BaseException:
                 self.close()
                 raise
@@ -687,7 +686,10 @@ class StreamConnection:
             magic, status, length = _HELLO_ACK.unpack(head)
             if magic != b"TFDA" or length > 1 << 16:
                 raise ConnectionError("not a tfdist stream service")
-            message = bytes(_recv_exact(sock, length) or b"").decode("utf-8", "replace") if length else ""
+            text = _recv_exact(sock, length) if length else bytearray()
+            if text is None:
+                raise ConnectionError("the server closed the connection")
+            message = bytes(text).decode("utf-8", "replace")
             if status:
                 raise StreamStatusError(_STATUS_BY_NUMBER.get(status, grpc.StatusCode.UNKNOWN), message)
         except BaseException:
@@ -704,8 +706,8 @@ class StreamConnection:
     def _attach(self) -> bool:
         """Offers the server a shared-memory region; keeps it if the server mapped it (else the socket only).
 
-        Returns False when the server refused the request as unknown (a tfdist without shared memory), which
-        closes the connection.
+        Returns False when the server refused it otherwise than as a region it cannot use (e.g. as an unknown
+        method: a tfdist without shared memory), a refusal after which the server closes the connection.
         """
         made = _new_region()
         if made is None:
@@ -726,7 +728,7 @@ class StreamConnection:
         if status:
             logger.debug("no shared memory with the stream server (%s): message bodies go over the socket", text)
             region.close()
-            return status != grpc.StatusCode.UNIMPLEMENTED.value[0]
+            return status == grpc.StatusCode.FAILED_PRECONDITION.value[0]
         self._region = region
         return True
 
@@ -736,16 +738,16 @@ class StreamConnection:
         length = sum(len(c) for c in chunks)
         region = self._region
         if (region is not None and SHARED_MEMORY_MIN_BODY <= length <= self._max_message_bytes
-                and region.grow(length)):
-            region.write(chunks)
+                and region.write(chunks, length)):
             return [_REQUEST.pack(_REQUEST_MAPPED, len(name), float(timeout or 0.0), length), name]
         return [_REQUEST.pack(b"TFDQ", len(name), float(timeout or 0.0), length), name, *chunks]
 
     def _mapped_reply(self, length: int) -> bytearray:
         """The body of a ``TFDN`` reply: copied out of the region."""
-        if self._region is None or not self._region.fit(length):
+        body = self._region.read(length) if self._region is not None else None
+        if body is None:
             raise ConnectionError("the server's reply is not a tfdist stream frame")
-        return self._region.read(length)
+        return body
 
     def _recv(self, n: int) -> bytearray:
         data = _recv_exact(self._sock, n)
@@ -819,6 +821,7 @@ class StreamConnection:
             self._sock.close()
             if self._region is not None:
                 self._region.close()
+                self._region = None
 
 
 class _Call:

@@ -72,15 +72,25 @@ SIZES = (6 << 20, 0, 1000, SHARED_MEMORY_MIN_BODY - 200, SHARED_MEMORY_MIN_BODY,
 
 def test_large_bodies_travel_through_the_region_both_ways_and_no_file_is_left(echo_service):
     conn = StreamConnection("127.0.0.1", echo_service.port, None, 5.0, 1 << 26)
+    region = conn._region
     try:
         assert conn.shared_memory
-        assert os.fstat(conn._region.fd).st_nlink == 0  # unlinked once both ends had it: nothing left in /dev/shm
+        assert os.fstat(region.file.fileno()).st_nlink == 0  # unlinked once both ends had it: nothing in /dev/shm
         _round_trips(conn, SIZES)
-        assert conn._proven < SHARED_MEMORY_MIN_BODY  # no reply body of 64 KiB or more crossed the socket
-        assert len(conn._region) >= 9 << 20
+        # every request of 64 KiB or more came through the region (2 calls per size, call and call_many)...
+        assert echo_service.mapped_requests == 2 * sum(n >= SHARED_MEMORY_MIN_BODY for n in SIZES)
+        assert conn._proven < SHARED_MEMORY_MIN_BODY  # ...and no reply of 64 KiB or more crossed the socket
+        assert region.size >= 9 << 20
+        # A small request whose reply is larger than anything the region carried: the server writes past it.
+        for n in (12 << 20, 14 << 20):
+            body = conn.call("Echo", wire.encode_chunks({"n": n}, {}), 10.0)
+            assert int(wire.decode(body)[1]["x"].sum()) == 7 * n
+            (again,) = call_many([(conn, "Echo", wire.encode_chunks({"n": n + 1}, {}))], time.monotonic() + 10)
+            assert int(wire.decode(again)[1]["x"].sum()) == 7 * (n + 1)
+        assert conn._proven < SHARED_MEMORY_MIN_BODY and region.size >= (14 << 20) + 1
     finally:
         conn.close()
-    assert conn._region.map.closed
+    assert region.file.closed and conn._region is None and not conn.shared_memory
 
 
 def test_without_shared_memory_the_same_bodies_cross_the_socket(echo_service):
@@ -88,46 +98,47 @@ def test_without_shared_memory_the_same_bodies_cross_the_socket(echo_service):
     try:
         assert not conn.shared_memory
         _round_trips(conn, SIZES)
-        assert conn._proven >= 9 << 20
+        assert conn._proven >= 9 << 20 and echo_service.mapped_requests == 0
     finally:
         conn.close()
 
 
 def test_bodies_past_the_largest_region_go_over_the_socket(echo_service, monkeypatch):
-    """A region grows to at most SHARED_MEMORY_MAX_REGION (what a local job holds in /dev/shm stays bounded)."""
+    """A region carries at most SHARED_MEMORY_MAX_REGION (what a local job holds in /dev/shm stays bounded)."""
     monkeypatch.setattr(ss, "SHARED_MEMORY_MAX_REGION", 2 << 20)
     conn = StreamConnection("127.0.0.1", echo_service.port, None, 5.0, 1 << 26)
     try:
         _round_trips(conn, (1 << 20, 3 << 20))
-        assert conn._proven >= 3 << 20 and conn._proven < 4 << 20  # the 3 MiB reply crossed the socket
-        assert mmap.PAGESIZE < len(conn._region) <= 2 << 20  # the 1 MiB bodies used the region
+        assert (3 << 20) <= conn._proven < (4 << 20)  # the 3 MiB reply crossed the socket
+        assert echo_service.mapped_requests == 2  # the 1 MiB requests (call, call_many) used the region
+        assert (1 << 20) <= conn._region.size <= (2 << 20)
     finally:
         conn.close()
 
 
 def test_a_full_dev_shm_sends_the_bodies_over_the_socket(echo_service, monkeypatch):
-    """No page beyond the first can be taken (a container's small /dev/shm): calls go on over the socket."""
-    real = os.posix_fallocate
+    """Nothing past the first page can be written (a container's small /dev/shm): calls go on over the socket."""
+    real = os.pwritev
 
-    def full(fd, offset, length):
-        if offset + length > mmap.PAGESIZE:
+    def full(fd, buffers, offset):
+        if offset + sum(len(b) for b in buffers) > mmap.PAGESIZE:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(fd, offset, length)
+        return real(fd, buffers, offset)
 
-    monkeypatch.setattr(ss.os, "posix_fallocate", full)
+    monkeypatch.setattr(ss.os, "pwritev", full)
     conn = StreamConnection("127.0.0.1", echo_service.port, None, 5.0, 1 << 26)
     try:
-        assert conn.shared_memory and len(conn._region) == mmap.PAGESIZE
+        assert conn.shared_memory
         _round_trips(conn, (6 << 20, 1000, 6 << 20))
         assert conn._proven >= 6 << 20  # the 6 MiB replies came over the socket
-        assert len(conn._region) == mmap.PAGESIZE
+        assert echo_service.mapped_requests == 0  # and the requests
     finally:
         conn.close()
 
-    def none(fd, offset, length):
+    def none(fd, buffers, offset):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ss.os, "posix_fallocate", none)
+    monkeypatch.setattr(ss.os, "pwritev", none)
     before = set(os.listdir("/dev/shm"))
     conn = StreamConnection("127.0.0.1", echo_service.port, None, 5.0, 1 << 26)
     try:
@@ -232,14 +243,26 @@ def test_an_attach_maps_only_this_users_own_file_with_the_nonce_and_a_refusal_ke
         link_name = ss._SHM_PREFIX + secrets.token_hex(16)
         os.symlink(good_path, os.path.join("/dev/shm", link_name))
         made.append(os.path.join("/dev/shm", link_name))
+        linked_path, linked_name, linked_nonce = _region_file()  # a second name for it: two links
+        hard_name = ss._SHM_PREFIX + secrets.token_hex(16)
+        os.link(linked_path, os.path.join("/dev/shm", hard_name))
+        made += [linked_path, os.path.join("/dev/shm", hard_name)]
+        big_path, big_name, big_nonce = _region_file()
+        os.truncate(big_path, ss.SHARED_MEMORY_MAX_REGION + 1)  # (sparse: no pages taken)
+        made.append(big_path)
+        dir_name = ss._SHM_PREFIX + secrets.token_hex(16)
+        os.mkdir(os.path.join("/dev/shm", dir_name))
         for name, nonce_sent, why in ((missing, good_nonce, b"cannot open"), (name, nonce, b"mode 0600"),
                                       (good_name, secrets.token_bytes(ss._NONCE), b"nonce"),
                                       (link_name, good_nonce, b"cannot open"),
+                                      (hard_name, linked_nonce, b"one link"), (big_name, big_nonce, b"size"),
+                                      (dir_name, good_nonce, b"cannot open"),
                                       (good_name, good_nonce[:-1], b"not a tfdist shared-memory region name")):
             magic, status, text = _attach(sock, name, nonce_sent)
             assert (magic, status) == (b"TFDR", 9) and why in text, (name, text)
             _echo_call(sock)
-        assert os.path.exists(path) and os.path.exists(good_path)  # refused files are left to their owner
+        os.rmdir(os.path.join("/dev/shm", dir_name))
+        assert all(os.path.lexists(p) for p in (path, good_path, linked_path, big_path))  # left to their owner
         # The good one, named with its nonce: mapped, and unlinked by the server.
         assert _attach(sock, good_name, good_nonce) == (b"TFDR", 0, b"")
         assert not os.path.exists(good_path)
@@ -300,6 +323,37 @@ def test_mapped_frames_without_a_region_or_past_it_are_refused_and_the_server_go
         _echo_call(sock)  # the server goes on
     finally:
         sock.close()
+
+
+def test_a_region_truncated_under_a_mapped_frame_is_refused_and_the_server_goes_on(echo_service):
+    """The client shrinks its file after it wrote a body (a buggy or hostile client): the server's read comes
+    back short and the request is refused; the server process (this one) is not killed by a SIGBUS."""
+    path, name, nonce, fd = _region_file(keep_open=True)
+    sock = _hello(echo_service.port)
+    try:
+        assert _attach(sock, name, nonce) == (b"TFDR", 0, b"")
+        body = wire.encode({"n": 5}, {"x": np.full(1 << 20, 3, np.uint8)})
+        os.pwrite(fd, body, 0)
+        os.ftruncate(fd, 4096)
+        sock.sendall(REQUEST.pack(b"TFDM", 4, 5.0, len(body)) + b"Echo")
+        magic, status, text = _reply(sock)
+        assert status == 3 and b"beyond its shared-memory region" in text, text
+        assert _reply(sock) is None
+    finally:
+        sock.close()
+        os.close(fd)
+        if os.path.exists(path):
+            os.unlink(path)
+    sock = _hello(echo_service.port)
+    try:
+        _echo_call(sock)
+    finally:
+        sock.close()
+
+
+def test_the_attach_method_is_not_a_handlers_name():
+    with pytest.raises(ValueError, match="stream layer's own method"):
+        StreamService({ss._ATTACH: _echo}, what="test", token=None, how_to_fix_token="x", max_message_bytes=1 << 20)
 
 
 # ----------------------------------------------------------- a PS task behind it
@@ -373,9 +427,10 @@ _REGION = st.one_of(
 @given(region=_REGION, frames=st.lists(st.one_of(_FRAME, st.sampled_from([b"Push", b"PushPull", b"PushRows"])),
                                        min_size=1, max_size=3))
 def test_whatever_a_client_puts_in_its_region_and_frames_changes_nothing(ps_server, region, frames):
-    """An authenticated client with a region: any region contents, any frames (mapped or not, any declared
-    size; a bare method name stands for a mapped frame of exactly the region's contents): the task's values
-    and version stay, and it serves the next client through shared memory."""
+    """An authenticated client with a region: any region contents the PS refuses (garbage, or pushes no
+    variable takes) and any frames (mapped or not, any declared size; a bare method name stands for a mapped
+    frame of exactly the region's contents): the task's values and version stay, and it serves the next client
+    through shared memory. (An accepted push through the region: the session test above.)"""
     with PSClient([ps_server.address], TOKEN, stream=False) as c:
         if not c.call(0, "Status", {"brief": True})[0]["initialized"]:
             _session(c).initialize(_values())
