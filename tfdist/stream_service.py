@@ -165,19 +165,23 @@ def _recv_exact(sock: socket.socket, n: int, proven: int = 0) -> bytearray | Non
     return buf
 
 
+def _consume(pending: list[memoryview], n: int) -> None:
+    """Drops the first ``n`` bytes of ``pending`` (buffers in order): what one vectored write took."""
+    while n:
+        first = pending[0]
+        if n >= len(first):
+            n -= len(first)
+            pending.pop(0)
+        else:
+            pending[0] = first[n:]
+            n = 0
+
+
 def _send_all(sock: socket.socket, chunks: Sequence[bytes | memoryview]) -> None:
     """Sends every chunk in order with as few system calls as the kernel allows (no copy into one buffer)."""
     pending = [memoryview(c).cast("B") for c in chunks if len(c)]
     while pending:
-        sent = sock.sendmsg(pending[:_MAX_IOV])
-        while sent:
-            first = pending[0]
-            if sent >= len(first):
-                sent -= len(first)
-                pending.pop(0)
-            else:
-                pending[0] = first[sent:]
-                sent = 0
+        _consume(pending, sock.sendmsg(pending[:_MAX_IOV]))
 
 
 def _status_frame(code: grpc.StatusCode, details: str) -> list[bytes]:
@@ -218,14 +222,7 @@ class _Region:
                 if written <= 0:
                     return False
                 offset += written
-                while written:
-                    first = pending[0]
-                    if written >= len(first):
-                        written -= len(first)
-                        pending.pop(0)
-                    else:
-                        pending[0] = first[written:]
-                        written = 0
+                _consume(pending, written)
         except OSError as e:  # ENOSPC, EFBIG, a memory limit
             logger.debug("shared-memory region not written (%s): the body goes over the socket", e)
             return False
@@ -848,14 +845,7 @@ class _Call:
             except BlockingIOError:
                 return
             full = sent == sum(len(b) for b in batch)
-            while sent:
-                first = self.out[0]
-                if sent >= len(first):
-                    sent -= len(first)
-                    self.out.pop(0)
-                else:
-                    self.out[0] = first[sent:]
-                    sent = 0
+            _consume(self.out, sent)
             if not full:  # the socket's buffer is full: wait for POLLOUT
                 return
 
