@@ -44,8 +44,8 @@ message through the kernel's TCP stack costs far more CPU than copying it
 ~1 ms for two copies), and a local job's workers and PS tasks share the
 host's cores. So a client whose connection ends on its own address
 (:func:`_same_host`) creates a file in ``/dev/shm`` (mode 0600, a random
-name), writes a random nonce into it and asks the server to map it
-(``AttachSharedMemory``, after the hello). The server maps it only if it is a
+name), writes a random nonce into it and asks the server to attach it
+(``AttachSharedMemory``, after the hello). The server attaches it only if it is a
 regular file of its own user, mode 0600, one link, named as tfdist names
 them, holding that nonce; either side then unlinks it (once attached,
 nothing is left in ``/dev/shm``, even when a process is killed; a client
@@ -96,7 +96,8 @@ from tfdist import wire
 from tfdist.errors import WireFormatError
 from tfdist.grpc_service import error_status
 
-__all__ = ["SHARED_MEMORY_MAX_REGION", "SHARED_MEMORY_MIN_BODY", "StreamService", "StreamConnection", "StreamStatusError", "VERSION", "call_many"]
+__all__ = ["SHARED_MEMORY_MAX_REGION", "SHARED_MEMORY_MIN_BODY", "StreamService", "StreamConnection",
+           "StreamStatusError", "VERSION", "call_many"]
 
 logger = logging.getLogger(__name__)
 
@@ -701,7 +702,7 @@ class StreamConnection:
         return self._region is not None
 
     def _attach(self) -> bool:
-        """Offers the server a shared-memory region; keeps it if the server mapped it (else the socket only).
+        """Offers the server a shared-memory region; keeps it if the server attached it (else the socket only).
 
         Returns False when the server refused it otherwise than as a region it cannot use (e.g. as an unknown
         method: a tfdist without shared memory), a refusal after which the server closes the connection.
