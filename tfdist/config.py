@@ -309,7 +309,9 @@ class StrategyConfig:
             every evaluation/prediction pull and when the worker stops.
             ``"auto"``: each worker chooses ``k`` as it trains, from the CPU
             its exchanges and its steps take: the fewest steps per exchange
-            that keep the worker's exchange CPU within a tenth of its steps'
+            that keep an exchange's CPU (the worker's, plus what serving it
+            cost the PS tasks, which report it over their stream
+            connections) within a tenth of its steps'
             (:class:`~tfdist.strategies._schedules.Adaptive`), from 1 to
             ``exchange_every_max``, and never more steps than keep one
             exchange's update within 1 % of the weights it changes (local

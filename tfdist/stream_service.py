@@ -326,10 +326,10 @@ def _open_region(body: bytes | bytearray) -> _Region:
 class _Context:
     """What a handler asks of its call (the part of ``grpc.ServicerContext`` tfdist's handlers use)."""
 
-    __slots__ = ("_deadline", "_sock")
+    __slots__ = ("_deadline", "_sock", "_peer")
 
-    def __init__(self, deadline: float | None, sock: socket.socket):
-        self._deadline, self._sock = deadline, sock
+    def __init__(self, deadline: float | None, sock: socket.socket, peer: "_Peer"):
+        self._deadline, self._sock, self._peer = deadline, sock, peer
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
@@ -343,13 +343,27 @@ class _Context:
         except OSError:
             return False
 
+    def connection_cpu_s(self) -> float:
+        """CPU seconds this connection's thread spent since the previous call of this (on any of its requests).
+
+        A connection has a thread of its own for its whole life, so this is
+        what serving it cost the server: the previous replies' sending, this
+        request's reading, decoding and handling so far (gRPC's contexts have
+        no such method: a pool thread serves many connections).
+        """
+        now = time.thread_time()
+        spent, self._peer.cpu_mark = max(now - self._peer.cpu_mark, 0.0), now
+        return spent
+
 
 class _Peer:
     """What the server knows of one connection."""
 
-    __slots__ = ("proven", "region")
+    __slots__ = ("proven", "region", "cpu_mark")
 
     def __init__(self):
+        #: The serving thread's CPU time when :meth:`_Context.connection_cpu_s` was last read.
+        self.cpu_mark = time.thread_time()
         #: The largest request body this connection delivered whole over the socket (see _recv_exact).
         self.proven = 0
         #: The connection's shared-memory region, once its client attached one.
@@ -536,7 +550,7 @@ class StreamService:
             self._busy += 1
             self.mapped_requests += int(mapped)
         try:
-            frame = self._handle(method, handler, body, _Context(deadline, conn))
+            frame = self._handle(method, handler, body, _Context(deadline, conn, peer))
         finally:
             with self._lock:
                 self._busy -= 1

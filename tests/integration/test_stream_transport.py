@@ -21,7 +21,7 @@ from tfdist import wire
 from tfdist.errors import AuthError, PSRejectedError, PSUnavailableError
 from tfdist.ps.client import PSClient
 from tfdist.ps.placement import RoundRobinPlacement, VariableSpec
-from tfdist.ps.protocol import STREAM_METHODS, StatusRequest
+from tfdist.ps.protocol import STREAM_METHODS, PushPullRequest, PushRequest, StatusRequest
 from tfdist.ps.server import PSServer
 from tfdist.ps.session import WorkerSession
 from tfdist.stream_service import StreamService
@@ -435,3 +435,30 @@ def test_a_connection_that_delivered_a_large_message_still_pays_only_for_what_ar
     finally:
         tracemalloc.stop()
         service.stop(0)
+
+
+def test_a_push_pull_over_the_stream_reports_what_serving_it_cost_the_ps_and_over_grpc_nothing(server):
+    """``exchange_every: auto`` counts the PS tasks' CPU: each PushPull reply on a stream connection carries the
+    CPU its connection's thread spent since the previous report; gRPC's pool threads cannot tell, so none."""
+    from tfdist.ps.update_session import UpdateSession
+
+    def run(stream):
+        with PSClient([server.address], TOKEN, stream=stream) as client:
+            plan = RoundRobinPlacement().place(SPECS, client.num_ps)
+            session = UpdateSession(client, SPECS, plan, 0, True, startup_timeout_s=10.0, heartbeat_interval_s=None,
+                                    num_workers=1)
+            values = _values()
+            session.initialize(values)
+            replies = []
+            for i in range(20):
+                values = {k: v + 1.0 for k, v in values.items()}
+                session.sync(values)
+                replies.append(session.stats["server_cpu_seconds"])
+            push = PushRequest(0, session.state.clock + 1, {}, None, 1, session.state.incarnations[0], {})
+            return replies, client.request(0, PushPullRequest(push, (), None))
+
+    totals, reply = run(stream=True)
+    assert totals[-1] > 0 and totals == sorted(totals)  # a running total that grows with the exchanges
+    assert isinstance(reply.server_cpu_s, float) and 0 <= reply.server_cpu_s < totals[-1]
+    totals, reply = run(stream=False)
+    assert totals[-1] == 0.0 and reply.server_cpu_s is None

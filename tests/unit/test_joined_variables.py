@@ -197,14 +197,15 @@ def test_auto_never_holds_more_steps_than_the_update_size_allows():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 0.1), st.integers(1, 8),
-                          st.one_of(st.none(), st.floats(0, 10), st.just(float("inf")))), min_size=1, max_size=12),
+                          st.one_of(st.none(), st.floats(0, 10), st.just(float("inf"))), st.floats(0, 1)),
+                min_size=1, max_size=12),
        st.integers(1, 8))
 def test_auto_chooses_between_one_and_its_most_steps_whatever_it_measures(reads, most):
     auto = Adaptive(Blocking(), most=most)
-    process = exchange = 0.0
-    for dp, de, steps, size in reads:
-        process, exchange = process + dp, exchange + de
-        assert 1 <= auto.observe(process, exchange, steps, update_size=size) <= most
+    process = exchange = server = 0.0
+    for dp, de, steps, size, ds in reads:
+        process, exchange, server = process + dp, exchange + de, server + ds
+        assert 1 <= auto.observe(process, exchange, steps, update_size=size, server_cpu_s=server) <= most
 
 
 # ------------------------------------------------------------------ the worker's registry
@@ -229,3 +230,18 @@ def test_a_join_loads_only_the_joined_variables_and_keeps_the_other_local_write_
     registry.assign({registry.key_of(head): np.full(2, 4.0, np.float32)}, keep_written=False, partial=True)
     np.testing.assert_array_equal(head.numpy(), np.full(2, 4.0, np.float32))
     assert registry.written == {registry.key_of(base)} and not registry.pending
+
+
+def test_auto_counts_what_the_ps_tasks_report_in_an_exchanges_cpu_not_in_the_steps():
+    """On one host the PS tasks take the workers' cores: their reported CPU counts as the exchange's."""
+    auto = Adaptive(Overlapped(), most=8, smoothing=1.0)
+    auto.observe(1.0, 0.5, 1, server_cpu_s=2.0)
+    # a step of 40 ms (44 of process CPU, 4 of them the worker's exchange): alone 4 ms is a tenth -> 1 step (below);
+    # plus 6 ms the PS tasks reported: 10 ms an exchange, a quarter of a step -> 3 steps (the step stays 40 ms)
+    assert auto.observe(1.044, 0.504, 1, server_cpu_s=2.006) == 3
+    assert (auto.step_cpu_s, auto.exchange_cpu_s, auto.server_cpu_s) == (
+        pytest.approx(0.040), pytest.approx(0.010), pytest.approx(0.006))
+    assert auto.observe(1.088, 0.508, 1, server_cpu_s=2.006) == 1  # nothing reported this time: the worker's 4 ms
+    no_reports = Adaptive(Overlapped(), most=8, smoothing=1.0)
+    no_reports.observe(1.0, 0.5, 1)
+    assert no_reports.observe(1.044, 0.504, 1) == 1 and no_reports.server_cpu_s == 0.0

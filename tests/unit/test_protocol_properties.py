@@ -418,3 +418,33 @@ def test_concurrent_pushes_sum_exactly():
     expected = m_pushes * sum(range(1, n_threads + 1))
     np.testing.assert_array_equal(store.state()["values"]["b"], np.full(3, expected, np.float64))
     assert store.version == 1 + n_threads * m_pushes and store.progress == n_threads * m_pushes
+
+
+_JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=True),
+                          st.text(max_size=5), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_JSON_SCALARS)
+def test_a_push_pull_replys_server_cpu_is_a_finite_non_negative_number_or_the_protocols_error(value):
+    """What a PS reports of its CPU (``server_cpu_s``) feeds a worker's schedule: anything but a finite
+    non-negative number is a ProtocolError when the reply is read, never a NaN or a negative in the counters."""
+    from tfdist.ps.protocol import ProtocolError
+    from tfdist.ps.replies import PullReply, PushPullReply, PushReply
+
+    push = PushReply(applied=True, dropped=False, version=3, incarnation=1)
+    reply = PushPullReply(PullReply(version=3, state_step=5, global_step=5, incarnation=1), push, unchanged=True)
+    meta, _ = reply.to_wire()
+    assert "server_cpu_s" not in meta and PushPullReply.parse(meta).server_cpu_s is None  # absent: not reported
+    meta = json.loads(json.dumps({**meta, "server_cpu_s": value}))  # (as it travels: JSON)
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(float(value))
+          and value >= 0) or value is None
+    if ok:
+        parsed = PushPullReply.parse(meta)
+        assert parsed.server_cpu_s == (None if value is None else float(value))
+        assert parsed.unchanged and parsed.version == 3
+        again, _ = parsed.to_wire()
+        assert PushPullReply.parse(again) == parsed
+    else:
+        with pytest.raises(ProtocolError, match="server_cpu_s"):
+            PushPullReply.parse(meta)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -46,6 +47,8 @@ _CHECKS = {
     "floats": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                              for x in v),
     "strs": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
+    "opt_seconds": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                           and math.isfinite(v) and v >= 0),
     "numbers": lambda v: isinstance(v, Mapping) and all(
         isinstance(k, str) and isinstance(x, (int, float)) and not isinstance(x, bool) for k, x in v.items()),
 }
@@ -60,6 +63,8 @@ def _check(cls_name: str, name: str, value: Any, kind: str) -> Any:
         return {k: float(x) for k, x in value.items()}
     if kind == "floats":
         return tuple(float(x) for x in value)
+    if kind == "opt_seconds":
+        return None if value is None else float(value)
     return tuple(value) if kind in ("ints", "strs") else value
 
 
@@ -194,15 +199,22 @@ class PushPullReply(_Reply):
 
     ``unchanged``: the push landed right on the worker's snapshot and nothing
     after it, so no values travel (the worker knows them: snapshot + delta).
+    ``server_cpu_s``: CPU seconds the PS task's thread for this connection
+    spent since its previous such report (see
+    :meth:`~tfdist.ps.server.ParameterService.handle`); ``None`` where the
+    transport cannot tell (gRPC, in-process calls).
     """
 
     read: PullReply
     push: PushReply
     unchanged: bool = False
+    server_cpu_s: float | None = None
 
     def to_wire(self):
         meta, values = self.read.to_wire()
         meta = {**meta, "push": self.push.to_wire()[0]}
+        if self.server_cpu_s is not None:
+            meta["server_cpu_s"] = self.server_cpu_s
         if self.unchanged:
             return {**meta, "unchanged": True}, _NO_TENSORS
         return meta, values
@@ -212,8 +224,10 @@ class PushPullReply(_Reply):
         if not isinstance(meta, Mapping) or not isinstance(meta.get("push"), Mapping):
             raise ProtocolError(f"PushPullReply: `push` is missing or not an object. Received: {short(meta)}.")
         unchanged = _check("PushPullReply", "unchanged", meta.get("unchanged", False), "bool")
-        read = PullReply.parse({k: v for k, v in meta.items() if k not in ("push", "unchanged")}, tensors)
-        return cls(read, PushReply.parse(meta["push"]), unchanged)
+        cpu = _check("PushPullReply", "server_cpu_s", meta.get("server_cpu_s"), "opt_seconds")
+        read = PullReply.parse({k: v for k, v in meta.items() if k not in ("push", "unchanged", "server_cpu_s")},
+                               tensors)
+        return cls(read, PushReply.parse(meta["push"]), unchanged, cpu)
 
     # the read's fields, for callers that treat a PushPull like a Pull
     version = property(lambda self: self.read.version)

@@ -35,6 +35,7 @@ Importing this module does not import TensorFlow.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import Any, Callable, Mapping
@@ -105,8 +106,12 @@ class ParameterService:
         self.stream_port: int | None = None
 
     def handle(self, method: str, meta: Any, tensors: Mapping[str, np.ndarray], budget: float | None = None,
-               cancelled: Callable[[], bool] = lambda: False):
+               cancelled: Callable[[], bool] = lambda: False, cpu: Callable[[], float] | None = None):
         """Parses, validates and applies one request.
+
+        ``cpu``: what serving the caller's connection cost since it was last
+        read (a stream connection's :meth:`~tfdist.stream_service._Context.connection_cpu_s`);
+        a ``PushPull`` reply carries it (``server_cpu_s``) for ``exchange_every: auto``.
 
         Returns:
             The reply (a :mod:`tfdist.ps.replies` type) as ``(meta, tensors)``,
@@ -117,7 +122,10 @@ class ParameterService:
         """
         try:
             request = protocol.parse(method, meta, tensors)
-            reply = self._rpcs[method](request, budget, cancelled)
+            if cpu is not None and method == "PushPull":
+                reply = self._rpc_PushPull(request, budget, cancelled, cpu)
+            else:
+                reply = self._rpcs[method](request, budget, cancelled)
             return reply if isinstance(reply, bytes) else reply.to_wire()
         except protocol.RequestError:
             self.count_refused(method)
@@ -165,8 +173,9 @@ class ParameterService:
         self._after_update()
         return reply
 
-    def _rpc_PushPull(self, req: protocol.PushPullRequest, budget, cancelled):
-        reply = self.store.push_pull(req, _encode, budget, cancelled)
+    def _rpc_PushPull(self, req: protocol.PushPullRequest, budget, cancelled, cpu=None):
+        encode = _encode if cpu is None else (lambda r: _encode(dataclasses.replace(r, server_cpu_s=cpu())))
+        reply = self.store.push_pull(req, encode, budget, cancelled)
         self._after_update()
         return reply
 
@@ -445,6 +454,7 @@ class PSServer:
         def handle(meta, tensors, context: grpc.ServicerContext):
             remaining = context.time_remaining()
             budget = None if remaining is None else max(remaining - _MARGIN_S, 0.0)
-            return service.handle(name, meta, tensors, budget, lambda: not context.is_active())
+            return service.handle(name, meta, tensors, budget, lambda: not context.is_active(),
+                                  getattr(context, "connection_cpu_s", None))
 
         return handle

@@ -152,7 +152,7 @@ class UpdateSession(WorkerSession):
         #: The last push's update, relative to the values it was taken from (see :func:`relative_update`).
         self.last_update_size: float | None = None
         self.stats.update({"refreshes": 0, "waits": 0, "wait_seconds": 0.0, "overlap_wait_seconds": 0.0,
-                           "exchange_cpu_seconds": 0.0})
+                           "exchange_cpu_seconds": 0.0, "server_cpu_seconds": 0.0})
         #: ``(clock started, min clock the cache is guaranteed to include)`` per step, for audits:
         #: the last :data:`AUDIT_STEPS` steps (bounded, so a long job does not grow it forever).
         self.starts: collections.deque[tuple[int, int]] = collections.deque(maxlen=AUDIT_STEPS)
@@ -160,6 +160,8 @@ class UpdateSession(WorkerSession):
     def _note(self, replies) -> None:
         super()._note(replies)
         ordered = [replies[i] for i in range(self.plan.num_ps)]
+        # what serving this worker's exchanges cost the PS tasks (stream connections report it): see Adaptive
+        self.stats["server_cpu_seconds"] += sum(getattr(r, "server_cpu_s", None) or 0.0 for r in ordered)
         mins = [r.min_clock for r in ordered if r.min_clock is not None]
         if mins:
             self.state.min_clock = min(mins)

@@ -190,8 +190,12 @@ class Adaptive(Schedule):
     At each exchange it reads the process's CPU time and the CPU the
     session counted in its exchanges (``stats["exchange_cpu_seconds"]``: the
     exchange thread's and the client threads'); since the previous exchange,
-    their difference over the steps sent is one step's CPU. Both are
-    smoothed (exponentially, ``smoothing``) and ``every`` becomes
+    their difference over the steps sent is one step's CPU. An exchange's
+    CPU is the worker's plus what the PS tasks report serving it cost them
+    (``stats["server_cpu_seconds"]``, from the replies of stream
+    connections: on one host the PS tasks take the workers' cores; where
+    they report nothing, only the worker's counts). Both are smoothed
+    (exponentially, ``smoothing``) and ``every`` becomes
     :func:`steps_per_exchange` of them, from 1 to ``most``. It starts at 1.
 
     The size of the update also bounds it: the session measures each
@@ -212,9 +216,12 @@ class Adaptive(Schedule):
         self.overlapped = inner.overlapped
         self.name = f"every-auto (1..{self.most}, {inner.name})"
         self._process_time = process_time
-        self._last: tuple[float, float] | None = None  # (process CPU, exchange CPU) at the previous exchange
-        #: Smoothed CPU seconds of one exchange and of one step (None before the second exchange).
+        #: (process CPU, exchange CPU, the PS tasks' CPU) at the previous exchange
+        self._last: tuple[float, float, float] | None = None
+        #: Smoothed CPU seconds of one exchange (the PS tasks' part included; that part alone: ``server_cpu_s``)
+        #: and of one step (None before the second exchange).
         self.exchange_cpu_s: float | None = None
+        self.server_cpu_s: float | None = None
         self.step_cpu_s: float | None = None
         #: Smoothed steps whose update stays within ``update_bound`` (None before the first measured update).
         self.steps_in_bound: float | None = None
@@ -230,26 +237,35 @@ class Adaptive(Schedule):
         self.inner.exchange(rt, values, loss, steps)
         before = self.every
         self.observe(self._process_time(), float(session.stats.get("exchange_cpu_seconds", 0.0)), steps,
-                     session.last_update_size)
+                     session.last_update_size, float(session.stats.get("server_cpu_seconds", 0.0)))
         if self.every != before:
-            logger.info("worker %d: exchange_every auto: %d step(s) per exchange (an exchange ~%.1f ms of CPU, a "
-                        "step ~%.1f ms; %s step(s) move the weights %.1f %%)", rt.worker_id, self.every,
-                        1e3 * (self.exchange_cpu_s or 0.0), 1e3 * (self.step_cpu_s or 0.0),
+            logger.info("worker %d: exchange_every auto: %d step(s) per exchange (an exchange ~%.1f ms of CPU, "
+                        "%.1f of them on the PS tasks; a step ~%.1f ms; %s step(s) move the weights %.1f %%)",
+                        rt.worker_id, self.every, 1e3 * (self.exchange_cpu_s or 0.0),
+                        1e3 * (self.server_cpu_s or 0.0), 1e3 * (self.step_cpu_s or 0.0),
                         "%.1f" % self.steps_in_bound if self.steps_in_bound is not None else "any",
                         100 * self.update_bound)
 
     def observe(self, process_cpu_s: float, exchange_cpu_s: float, steps: int,
-                update_size: float | None = None) -> int:
-        """Takes the counters read at an exchange of ``steps`` steps (and its update's size); returns ``every``."""
+                update_size: float | None = None, server_cpu_s: float = 0.0) -> int:
+        """Takes the counters read at an exchange of ``steps`` steps (and its update's size); returns ``every``.
+
+        ``server_cpu_s``: the session's running total of what the PS tasks
+        reported (0 where they report nothing); it counts in the exchange's
+        CPU, not in the process's.
+        """
         a = self.smoothing
         if update_size is not None and steps >= 1:
             allowed = min(steps_within_bound(update_size, steps, self.update_bound), float(self.most))
             self.steps_in_bound = allowed if self.steps_in_bound is None else (1 - a) * self.steps_in_bound + a * allowed
-        last, self._last = self._last, (process_cpu_s, exchange_cpu_s)
+        last, self._last = self._last, (process_cpu_s, exchange_cpu_s, server_cpu_s)
         if last is not None and steps >= 1:
-            exchange = max(exchange_cpu_s - last[1], 0.0)
-            step = max(process_cpu_s - last[0] - exchange, 0.0) / steps
+            own = max(exchange_cpu_s - last[1], 0.0)
+            server = max(server_cpu_s - last[2], 0.0)
+            step = max(process_cpu_s - last[0] - own, 0.0) / steps
+            exchange = own + server
             self.exchange_cpu_s = exchange if self.exchange_cpu_s is None else (1 - a) * self.exchange_cpu_s + a * exchange
+            self.server_cpu_s = server if self.server_cpu_s is None else (1 - a) * self.server_cpu_s + a * server
             self.step_cpu_s = step if self.step_cpu_s is None else (1 - a) * self.step_cpu_s + a * step
         if self.exchange_cpu_s is None:
             return self.every
