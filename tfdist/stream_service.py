@@ -49,7 +49,9 @@ name), writes a random nonce into it and asks the server to attach it
 regular file of its own user, mode 0600, one link, named as tfdist names
 them, holding that nonce; either side then unlinks it (once attached,
 nothing is left in ``/dev/shm``, even when a process is killed; a client
-killed in the middle of its attach can leave one page). From then on, a message body of
+killed in the middle of its attach can leave one page, which the next
+process of that user to make a region removes: the name records its
+creator's process id). From then on, a message body of
 at least :data:`SHARED_MEMORY_MIN_BODY` bytes (and at most
 :data:`SHARED_MEMORY_MAX_REGION`) is written into that region and
 only its frame crosses the socket (request ``b"TFDM"``, reply ``b"TFDN"``:
@@ -124,11 +126,12 @@ SHARED_MEMORY_MIN_BODY = 64 << 10
 SHARED_MEMORY_MAX_REGION = 64 << 20
 _SHM_DIR = "/dev/shm"
 _SHM_PREFIX = "tfdist-stream-"
-_SHM_NAME = re.compile(r"tfdist-stream-[0-9a-f]{32}\Z")
+#: A region's name: the creating process's id (so that what a killed one left can be found), a random part.
+_SHM_NAME = re.compile(r"tfdist-stream-([1-9][0-9]{0,9})-[0-9a-f]{32}\Z")
 #: The stream layer's own method (never a handler's): map the region the request names.
 _ATTACH = "/tfdist.stream/AttachSharedMemory"
 _NONCE = 32
-_MAX_ATTACH_BODY = _NONCE + 64
+_MAX_ATTACH_BODY = _NONCE + 80
 _REQUEST_MAPPED, _REPLY_MAPPED = b"TFDM", b"TFDN"
 
 
@@ -267,9 +270,63 @@ def _same_host(sock: socket.socket) -> bool:
         return False
 
 
+def _region_name(pid: int | None = None) -> str:
+    """A new region's file name: ``tfdist-stream-<pid>-<32 random hex digits>``."""
+    return f"{_SHM_PREFIX}{os.getpid() if pid is None else pid}-{secrets.token_hex(16)}"
+
+
+_swept_in: int | None = None  # the process (id) that swept /dev/shm (a forked child sweeps again)
+
+
+def _sweep_dead_regions() -> int:
+    """Removes region files that processes of this user left in ``/dev/shm`` when they were killed; returns how many.
+
+    A file is removed only if its name is a region's, it is a regular file
+    of this user, and the process its name records no longer exists. An
+    attached region's name is gone already (the server unlinks it); such a
+    file is one a client was killed with in the middle of its attach. (A
+    process of another PID namespace that shares this ``/dev/shm`` does not
+    look alive here: a file it is attaching in that instant can go, and that
+    connection then sends its bodies over the socket: nothing is lost.)
+    """
+    removed, uid = 0, os.geteuid()
+    try:
+        entries = list(os.scandir(_SHM_DIR))
+    except OSError:
+        return 0
+    for entry in entries:
+        match = _SHM_NAME.match(entry.name)
+        if match is None or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue  # alive (or another user's process: not ours to judge)
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError, OSError):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+                os.unlink(entry.path)
+                removed += 1
+        except OSError:
+            continue
+    if removed:
+        logger.info("removed %d shared-memory region file(s) of killed processes from %s", removed, _SHM_DIR)
+    return removed
+
+
 def _new_region() -> tuple[_Region, str, bytes] | None:
-    """A client's new region: ``(region, its file's name, the nonce written at its start)``; None if none can be."""
-    name = _SHM_PREFIX + secrets.token_hex(16)
+    """A client's new region: ``(region, its file's name, the nonce written at its start)``; None if none can be.
+
+    A process's first region sweeps what killed processes left (:func:`_sweep_dead_regions`).
+    """
+    global _swept_in
+    if _swept_in != os.getpid():
+        _swept_in = os.getpid()
+        _sweep_dead_regions()
+    name = _region_name()
     path = os.path.join(_SHM_DIR, name)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -194,7 +194,7 @@ def _attach(sock, name, nonce):
 
 def _region_file(mode=0o600, nonce=None, size=mmap.PAGESIZE, keep_open=False):
     """A region file as a client makes it: (path, name, nonce), and its descriptor with ``keep_open``."""
-    name = ss._SHM_PREFIX + secrets.token_hex(16)
+    name = ss._region_name()
     path = os.path.join("/dev/shm", name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
     os.fchmod(fd, mode)
@@ -227,7 +227,7 @@ def test_an_attach_maps_only_this_users_own_file_with_the_nonce_and_a_refusal_ke
         with open(target, "wb") as f:
             f.write(b"keep me")
         for name in (target, "../shm/" + os.path.basename(target), "tfdist-stream-XYZ", "tfdist-stream-" + "0" * 31,
-                     ss._SHM_PREFIX + "0" * 32 + "/x", ""):
+                     ss._SHM_PREFIX + "0" * 32, ss._SHM_PREFIX + "0-" + "0" * 32, ss._region_name() + "/x", ""):
             magic, status, text = _attach(sock, name, secrets.token_bytes(ss._NONCE))
             assert (magic, status) == (b"TFDR", 9), (name, text)  # FAILED_PRECONDITION
             assert b"not a tfdist shared-memory region name" in text or b"cannot open" in text, text
@@ -235,22 +235,22 @@ def test_an_attach_maps_only_this_users_own_file_with_the_nonce_and_a_refusal_ke
         with open(target, "rb") as f:
             assert f.read() == b"keep me"
         # A missing file; a file others may read; the wrong nonce; a symlink to a good region: refused.
-        missing = ss._SHM_PREFIX + secrets.token_hex(16)
+        missing = ss._region_name()
         path, name, nonce = _region_file(mode=0o644)
         made.append(path)
         good_path, good_name, good_nonce, good_fd = _region_file(keep_open=True)
         made.append(good_path)
-        link_name = ss._SHM_PREFIX + secrets.token_hex(16)
+        link_name = ss._region_name()
         os.symlink(good_path, os.path.join("/dev/shm", link_name))
         made.append(os.path.join("/dev/shm", link_name))
         linked_path, linked_name, linked_nonce = _region_file()  # a second name for it: two links
-        hard_name = ss._SHM_PREFIX + secrets.token_hex(16)
+        hard_name = ss._region_name()
         os.link(linked_path, os.path.join("/dev/shm", hard_name))
         made += [linked_path, os.path.join("/dev/shm", hard_name)]
         big_path, big_name, big_nonce = _region_file()
         os.truncate(big_path, ss.SHARED_MEMORY_MAX_REGION + 1)  # (sparse: no pages taken)
         made.append(big_path)
-        dir_name = ss._SHM_PREFIX + secrets.token_hex(16)
+        dir_name = ss._region_name()
         os.mkdir(os.path.join("/dev/shm", dir_name))
         for name, nonce_sent, why in ((missing, good_nonce, b"cannot open"), (name, nonce, b"mode 0600"),
                                       (good_name, secrets.token_bytes(ss._NONCE), b"nonce"),
@@ -511,3 +511,51 @@ def test_a_server_that_does_not_know_the_attach_is_called_over_the_socket_on_a_n
         assert seen == [(b"TFDQ", ss._ATTACH), (b"TFDQ", "Echo")]
     finally:
         listener.close()
+
+
+def test_region_files_killed_clients_left_are_swept_by_the_next_region_and_nothing_else(echo_service, monkeypatch):
+    """A client killed between creating its region and the server's unlink leaves a file; the next process to make
+    a region removes it: only region files of this user whose creating process is gone."""
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "import os; print(os.getpid())"], stdout=subprocess.PIPE)
+    dead_pid = int(dead.communicate(timeout=30)[0])
+    live_child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    made = []
+
+    def put(name, uid=None):
+        path = os.path.join("/dev/shm", name)
+        with open(path, "wb") as f:
+            f.write(b"x" * 4096)
+        os.chmod(path, 0o600)
+        if uid is not None:
+            os.chown(path, uid, -1)
+        made.append(path)
+        return path
+
+    try:
+        left = put(ss._region_name(dead_pid))  # a killed client's
+        not_mine = put(ss._region_name(dead_pid), uid=65534) if os.geteuid() == 0 else None  # another user's
+        alive = put(ss._region_name(live_child.pid))  # a live process's, in the middle of its attach
+        own = put(ss._region_name())  # this process's own
+        other = put(f"tfdist-stream-{dead_pid}-not-a-region")  # not a region's name
+        link = os.path.join("/dev/shm", ss._region_name(dead_pid))
+        os.symlink(left, link)  # a link: not a regular file
+        made.append(link)
+        monkeypatch.setattr(ss, "_swept_in", None)  # as in a process that has made no region yet
+        conn = StreamConnection("127.0.0.1", echo_service.port, None, 5.0, 1 << 26)
+        try:
+            assert conn.shared_memory
+            _round_trips(conn, (1 << 20,))
+        finally:
+            conn.close()
+        assert not os.path.exists(left) and os.path.islink(link)
+        assert all(os.path.exists(p) for p in (alive, own, other) + ((not_mine,) if not_mine else ()))
+        assert ss._sweep_dead_regions() == 0  # nothing more to take
+    finally:
+        live_child.kill()
+        live_child.wait(timeout=30)
+        for p in made:
+            if os.path.lexists(p):
+                os.unlink(p)
