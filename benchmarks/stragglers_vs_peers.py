@@ -87,6 +87,8 @@ TFDIST_MODES = {
     "async_auto": {"consistency": "async", "exchange_every": "auto"},  # (the default now; kept for older JSON)
     "ssp": {"consistency": "ssp", "staleness": 3},
     "dtssp": {"consistency": "dtssp"},
+    # not a default: DTSSP with a wider range, to see what its bound buys against a persistent straggler
+    "dtssp_wide": {"consistency": "dtssp", "max_staleness": 50},
 }
 SYSTEMS = ("mwms", "tf_pss", *TFDIST_MODES)
 LABELS = {
@@ -96,6 +98,7 @@ LABELS = {
     "async_auto": "tfdist async, `exchange_every: auto`",
     "async_every1": "tfdist async, every step (`exchange_every: 1`)",
     "ssp": "tfdist SSP (s=3)", "dtssp": "tfdist DTSSP (3..10)",
+    "dtssp_wide": "tfdist DTSSP (3..50, `max_staleness: 50`)",
 }
 
 
