@@ -78,3 +78,13 @@ def test_the_joint_rate_counts_only_what_every_worker_finished_while_all_trained
     w1_late = {"batch_end_wall": [3.5 + 0.2 * i for i in range(6)]}
     assert joint_rate([w0, w1_late], batch=10) is None  # no moment in which both train
     assert joint_rate([w0, {}], batch=10) is None
+
+
+def test_the_ps_cpu_report_cost_benchmark_measures_both_variants_on_a_real_store():
+    from benchmarks import ps_cpu_report_cost
+
+    result = ps_cpu_report_cost.measure(calls=50, rounds=2, size=4)
+    assert set(result["us_per_call"]) == {"without", "with"}
+    assert all(len(v) == 2 and all(x > 0 for x in v) for v in result["us_per_call"].values())
+    assert result["added_us_per_call"] == round(result["median_us_per_call"]["with"]
+                                                - result["median_us_per_call"]["without"], 2)
