@@ -127,6 +127,8 @@ SHARED_MEMORY_MAX_REGION = 64 << 20
 _SHM_DIR = "/dev/shm"
 _SHM_PREFIX = "tfdist-stream-"
 #: A region's name: the creating process's id (so that what a killed one left can be found), a random part.
+#: (Before 9086a0a the name had no process id: a client and a server on either side of that change attach no
+#: region between them, and bodies go over the socket, as between hosts.)
 _SHM_NAME = re.compile(r"tfdist-stream-([1-9][0-9]{0,9})-[0-9a-f]{32}\Z")
 #: The stream layer's own method (never a handler's): map the region the request names.
 _ATTACH = "/tfdist.stream/AttachSharedMemory"
@@ -287,7 +289,7 @@ def _sweep_dead_regions() -> int:
     file is one a client was killed with in the middle of its attach. (A
     process of another PID namespace that shares this ``/dev/shm`` does not
     look alive here: a file it is attaching in that instant can go, and that
-    connection then sends its bodies over the socket: nothing is lost.)
+    connection then sends its bodies over the socket for its life: nothing is lost.)
     """
     removed, uid = 0, os.geteuid()
     try:
@@ -401,30 +403,53 @@ class _Context:
             return False
 
     def connection_cpu_s(self) -> float:
-        """CPU seconds this connection's thread spent since the previous call of this (on any of its requests).
+        """CPU seconds the requests that read this spent on this connection's thread, not yet reported.
 
-        A connection has a thread of its own for its whole life, so this is
-        what serving it cost the server: the previous replies' sending, this
-        request's reading, decoding and handling so far (gRPC's contexts have
-        no such method: a pool thread serves many connections).
+        A stream connection has a thread of its own for its whole life, so
+        its thread's CPU clock tells what serving a request cost the
+        server. The figure covers the requests that call this (a PS task's
+        ``PushPull``): this one's reading, decoding and handling up to now,
+        and the rest of the previous such requests (encoding and sending
+        their replies); other requests on the connection (pulls, lookups)
+        are not in it. gRPC's contexts have no such method: a pool thread
+        serves many connections.
         """
-        now = time.thread_time()
-        spent, self._peer.cpu_mark = max(now - self._peer.cpu_mark, 0.0), now
-        return spent
+        return self._peer.report(time.thread_time())
 
 
 class _Peer:
     """What the server knows of one connection."""
 
-    __slots__ = ("proven", "region", "cpu_mark")
+    __slots__ = ("proven", "region", "_started", "_reported_at", "_unreported")
 
     def __init__(self):
-        #: The serving thread's CPU time when :meth:`_Context.connection_cpu_s` was last read.
-        self.cpu_mark = time.thread_time()
         #: The largest request body this connection delivered whole over the socket (see _recv_exact).
         self.proven = 0
         #: The connection's shared-memory region, once its client attached one.
         self.region: _Region | None = None
+        # CPU accounting of the requests that report it (see _Context.connection_cpu_s), on the serving
+        # thread's clock: when the request in hand began, when it reported (None: it did not), and what
+        # reporting requests spent after their report (their replies' encoding and sending).
+        self._started = 0.0
+        self._reported_at: float | None = None
+        self._unreported = 0.0
+
+    def begin(self, now: float) -> None:
+        """A request begins (its frame is awaited)."""
+        self._started = now
+
+    def report(self, now: float) -> float:
+        """The request in hand reports: what it spent so far, plus what earlier reporting requests spent after
+        reporting."""
+        spent = self._unreported + max(now - self._started, 0.0)
+        self._unreported, self._reported_at = 0.0, now
+        return spent
+
+    def settle(self, now: float) -> None:
+        """The request in hand is answered: if it reported, what it spent since counts in the next report."""
+        if self._reported_at is not None:
+            self._unreported += max(now - self._reported_at, 0.0)
+            self._reported_at = None
 
 
 class StreamService:
@@ -573,6 +598,7 @@ class StreamService:
 
     def _one_call(self, conn: socket.socket, peer: _Peer) -> bool:
         """Reads, handles and answers one request; False when the connection is done."""
+        peer.begin(time.thread_time())
         head = _recv_exact(conn, _REQUEST.size)
         if head is None:
             return False
@@ -613,6 +639,7 @@ class StreamService:
                 self._busy -= 1
                 self._idle.notify_all()
         self._reply(conn, peer, frame)
+        peer.settle(time.thread_time())
         if not mapped:
             peer.proven = max(peer.proven, body_len)
         return True

@@ -439,7 +439,8 @@ def test_a_connection_that_delivered_a_large_message_still_pays_only_for_what_ar
 
 def test_a_push_pull_over_the_stream_reports_what_serving_it_cost_the_ps_and_over_grpc_nothing(server):
     """``exchange_every: auto`` counts the PS tasks' CPU: each PushPull reply on a stream connection carries the
-    CPU its connection's thread spent since the previous report; gRPC's pool threads cannot tell, so none."""
+    CPU the connection's thread spent on PushPulls since the previous report (not on the pulls between them);
+    gRPC's pool threads cannot tell, so nothing there."""
     from tfdist.ps.update_session import UpdateSession
 
     def run(stream):
@@ -449,16 +450,24 @@ def test_a_push_pull_over_the_stream_reports_what_serving_it_cost_the_ps_and_ove
                                     num_workers=1)
             values = _values()
             session.initialize(values)
-            replies = []
+            reports, windows = [], []
             for i in range(20):
                 values = {k: v + 1.0 for k, v in values.items()}
+                before, start = session.stats["server_cpu_seconds"], time.perf_counter()
                 session.sync(values)
-                replies.append(session.stats["server_cpu_seconds"])
+                windows.append(time.perf_counter() - start)
+                reports.append(session.stats["server_cpu_seconds"] - before)
+                for _ in range(30):  # pulls on the same connection between the exchanges: in no report
+                    client.call(0, "Pull", {"worker": 0})
+            assert client._routes[0].idle or not stream  # (one kept connection served all of it)
             push = PushRequest(0, session.state.clock + 1, {}, None, 1, session.state.incarnations[0], {})
-            return replies, client.request(0, PushPullRequest(push, (), None))
+            return reports, windows, client.request(0, PushPullRequest(push, (), None))
 
-    totals, reply = run(stream=True)
-    assert totals[-1] > 0 and totals == sorted(totals)  # a running total that grows with the exchanges
-    assert isinstance(reply.server_cpu_s, float) and 0 <= reply.server_cpu_s < totals[-1]
-    totals, reply = run(stream=False)
-    assert totals[-1] == 0.0 and reply.server_cpu_s is None
+    reports, windows, reply = run(stream=True)
+    assert sum(reports) > 0 and all(r >= 0 for r in reports)
+    # A report holds this exchange's CPU and the previous one's sending: within these two exchanges' wall time
+    # (one thread's CPU), far below the 30 pulls' between them.
+    assert all(r <= w + w0 + 0.002 for r, w, w0 in zip(reports[1:], windows[1:], windows)), (reports, windows)
+    assert isinstance(reply.server_cpu_s, float) and reply.server_cpu_s >= 0
+    reports, windows, reply = run(stream=False)
+    assert sum(reports) == 0.0 and reply.server_cpu_s is None

@@ -4,6 +4,8 @@ The join itself, with real PS tasks and Keras models in every mode, is
 ``tests/integration/test_variables_join.py``.
 """
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -242,6 +244,11 @@ def test_auto_counts_what_the_ps_tasks_report_in_an_exchanges_cpu_not_in_the_ste
     assert (auto.step_cpu_s, auto.exchange_cpu_s, auto.server_cpu_s) == (
         pytest.approx(0.040), pytest.approx(0.010), pytest.approx(0.006))
     assert auto.observe(1.088, 0.508, 1, server_cpu_s=2.006) == 1  # nothing reported this time: the worker's 4 ms
+    poisoned = Adaptive(Overlapped(), most=8, smoothing=0.5)  # a running total gone infinite counts nothing
+    poisoned.observe(1.0, 0.5, 1, server_cpu_s=1.0)
+    for i, total in enumerate((float("inf"), float("inf"), float("nan")), 1):  # steps of 40 ms, exchanges of 4
+        assert poisoned.observe(1.0 + 0.044 * i, 0.5 + 0.004 * i, 1, server_cpu_s=total) == 1
+        assert math.isfinite(poisoned.exchange_cpu_s) and poisoned.server_cpu_s == 0.0
     no_reports = Adaptive(Overlapped(), most=8, smoothing=1.0)
     no_reports.observe(1.0, 0.5, 1)
     assert no_reports.observe(1.044, 0.504, 1) == 1 and no_reports.server_cpu_s == 0.0

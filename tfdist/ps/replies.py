@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 _NO_TENSORS: Mapping[str, np.ndarray] = {}
+logger = logging.getLogger(__name__)
 
 
 #: Each field kind's type check (built once: a reply is parsed for every call of every step).
@@ -47,11 +49,40 @@ _CHECKS = {
     "floats": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                              for x in v),
     "strs": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
-    "opt_seconds": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                           and math.isfinite(v) and v >= 0),
     "numbers": lambda v: isinstance(v, Mapping) and all(
         isinstance(k, str) and isinstance(x, (int, float)) and not isinstance(x, bool) for k, x in v.items()),
 }
+
+
+#: The most CPU seconds one ``server_cpu_s`` report may hold (more is not a report: it is ignored).
+MAX_REPORTED_CPU_S = 3600.0
+
+
+def _reported_seconds(value: Any) -> float | None:
+    """A PS task's CPU report (``server_cpu_s``): a number in [0, :data:`MAX_REPORTED_CPU_S`], or None.
+
+    The report only steers ``exchange_every: auto``, and it comes with a
+    push the PS applied already: a value that is not a plausible report
+    (a string, NaN, a negative, a huge integer) is dropped (logged once),
+    not a failed exchange.
+    """
+    if value is None:
+        return None
+    try:
+        seconds = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # (an integer past a float's range)
+        seconds = math.nan
+    if 0.0 <= seconds <= MAX_REPORTED_CPU_S:
+        return seconds
+    global _warned_report
+    if not _warned_report:
+        _warned_report = True
+        logger.warning("a parameter server reported server_cpu_s=%s, not a CPU time: reports like it are ignored "
+                       "(is the server the same tfdist version?)", short(value))
+    return None
+
+
+_warned_report = False
 
 
 def _check(cls_name: str, name: str, value: Any, kind: str) -> Any:
@@ -63,8 +94,6 @@ def _check(cls_name: str, name: str, value: Any, kind: str) -> Any:
         return {k: float(x) for k, x in value.items()}
     if kind == "floats":
         return tuple(float(x) for x in value)
-    if kind == "opt_seconds":
-        return None if value is None else float(value)
     return tuple(value) if kind in ("ints", "strs") else value
 
 
@@ -199,10 +228,11 @@ class PushPullReply(_Reply):
 
     ``unchanged``: the push landed right on the worker's snapshot and nothing
     after it, so no values travel (the worker knows them: snapshot + delta).
-    ``server_cpu_s``: CPU seconds the PS task's thread for this connection
-    spent since its previous such report (see
+    ``server_cpu_s``: CPU seconds serving this connection's ``PushPull``
+    requests cost the PS task since its previous such report (see
     :meth:`~tfdist.ps.server.ParameterService.handle`); ``None`` where the
-    transport cannot tell (gRPC, in-process calls).
+    transport cannot tell (gRPC, in-process calls) or the value is not a
+    plausible report (:func:`_reported_seconds`).
     """
 
     read: PullReply
@@ -224,7 +254,7 @@ class PushPullReply(_Reply):
         if not isinstance(meta, Mapping) or not isinstance(meta.get("push"), Mapping):
             raise ProtocolError(f"PushPullReply: `push` is missing or not an object. Received: {short(meta)}.")
         unchanged = _check("PushPullReply", "unchanged", meta.get("unchanged", False), "bool")
-        cpu = _check("PushPullReply", "server_cpu_s", meta.get("server_cpu_s"), "opt_seconds")
+        cpu = _reported_seconds(meta.get("server_cpu_s"))
         read = PullReply.parse({k: v for k, v in meta.items() if k not in ("push", "unchanged", "server_cpu_s")},
                                tensors)
         return cls(read, PushReply.parse(meta["push"]), unchanged, cpu)

@@ -72,6 +72,10 @@ def load_tls_server_credentials(cert_path: str, key_path: str) -> grpc.ServerCre
     return server_credentials(cert_path, key_path)
 
 
+#: The methods whose replies carry the CPU serving them cost (``cpu`` of :meth:`ParameterService.handle`).
+_REPORTS_CPU = frozenset({"PushPull"})
+
+
 def _encode(reply) -> bytes:
     """Encodes a read's reply under the store's lock (its values are the live arrays: one copy, into the message)."""
     return wire.encode(*reply.to_wire())
@@ -109,9 +113,10 @@ class ParameterService:
                cancelled: Callable[[], bool] = lambda: False, cpu: Callable[[], float] | None = None):
         """Parses, validates and applies one request.
 
-        ``cpu``: what serving the caller's connection cost since it was last
-        read (a stream connection's :meth:`~tfdist.stream_service._Context.connection_cpu_s`);
-        a ``PushPull`` reply carries it (``server_cpu_s``) for ``exchange_every: auto``.
+        ``cpu``: what serving the caller's ``PushPull`` requests cost this
+        task and was not reported yet (a stream connection's
+        :meth:`~tfdist.stream_service._Context.connection_cpu_s`); a
+        ``PushPull`` reply carries it (``server_cpu_s``) for ``exchange_every: auto``.
 
         Returns:
             The reply (a :mod:`tfdist.ps.replies` type) as ``(meta, tensors)``,
@@ -122,10 +127,9 @@ class ParameterService:
         """
         try:
             request = protocol.parse(method, meta, tensors)
-            if cpu is not None and method == "PushPull":
-                reply = self._rpc_PushPull(request, budget, cancelled, cpu)
-            else:
-                reply = self._rpcs[method](request, budget, cancelled)
+            rpc = self._rpcs[method]
+            reply = (rpc(request, budget, cancelled, cpu) if cpu is not None and method in _REPORTS_CPU
+                     else rpc(request, budget, cancelled))
             return reply if isinstance(reply, bytes) else reply.to_wire()
         except protocol.RequestError:
             self.count_refused(method)

@@ -252,7 +252,9 @@ class Adaptive(Schedule):
 
         ``server_cpu_s``: the session's running total of what the PS tasks
         reported (0 where they report nothing); it counts in the exchange's
-        CPU, not in the process's.
+        CPU. (The PS tasks run in other processes wherever ``auto`` applies:
+        a single process with its in-process PS never uses it, so their CPU
+        is not in ``process_cpu_s`` as well.)
         """
         a = self.smoothing
         if update_size is not None and steps >= 1:
@@ -261,7 +263,8 @@ class Adaptive(Schedule):
         last, self._last = self._last, (process_cpu_s, exchange_cpu_s, server_cpu_s)
         if last is not None and steps >= 1:
             own = max(exchange_cpu_s - last[1], 0.0)
-            server = max(server_cpu_s - last[2], 0.0)
+            server = server_cpu_s - last[2]
+            server = server if math.isfinite(server) and server > 0 else 0.0
             step = max(process_cpu_s - last[0] - own, 0.0) / steps
             exchange = own + server
             self.exchange_cpu_s = exchange if self.exchange_cpu_s is None else (1 - a) * self.exchange_cpu_s + a * exchange
