@@ -312,7 +312,9 @@ class StrategyConfig:
             that keep an exchange's CPU (the worker's, plus what serving it
             cost the PS tasks, which report it over their stream
             connections) within a tenth of its steps'
-            (:class:`~tfdist.strategies._schedules.Adaptive`), from 1 to
+            (:class:`~tfdist.strategies._schedules.Adaptive`; it steps
+            down only with half a step to spare, so that a measure near a
+            boundary does not flip it), from 1 to
             ``exchange_every_max``, and never more steps than keep one
             exchange's update within 1 % of the weights it changes (local
             steps cost accuracy when the weights move fast: a digits job

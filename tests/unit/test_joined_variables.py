@@ -166,8 +166,12 @@ def test_auto_follows_the_measured_cpu_and_holds_steps_by_it():
     smooth = Adaptive(Blocking(), most=8, smoothing=0.5)
     smooth.observe(0.0, 0.0, 1)
     smooth.observe(0.014, 0.004, 1)  # 4 / 10 ms
-    assert smooth.observe(0.014 + 0.104, 0.008, 1) == 1  # smoothed: a step (10 + 100) / 2 = 55 ms, exchange 4 ms
+    # smoothed: a step (10 + 100) / 2 = 55 ms, an exchange 4 ms: 0.73 steps' share; from 4 steps down to 2, not 1
+    # (fewer steps only with half a step to spare: AUTO_HYSTERESIS_STEPS)
+    assert smooth.observe(0.014 + 0.104, 0.008, 1) == 2
     assert smooth.step_cpu_s == pytest.approx(0.055)
+    assert smooth.observe(0.118 + 0.104, 0.012, 1) == 2  # a step 77.5 ms: 0.52 steps' share, still 2
+    assert smooth.observe(0.222 + 0.104, 0.016, 1) == 1  # 88.75 ms: 0.45, half a step to spare: 1
 
 
 def test_an_update_is_measured_by_its_largest_relative_change():
@@ -243,7 +247,10 @@ def test_auto_counts_what_the_ps_tasks_report_in_an_exchanges_cpu_not_in_the_ste
     assert auto.observe(1.044, 0.504, 1, server_cpu_s=2.006) == 3
     assert (auto.step_cpu_s, auto.exchange_cpu_s, auto.server_cpu_s) == (
         pytest.approx(0.040), pytest.approx(0.010), pytest.approx(0.006))
-    assert auto.observe(1.088, 0.508, 1, server_cpu_s=2.006) == 1  # nothing reported this time: the worker's 4 ms
+    # nothing reported this time: the worker's 4 ms, one step's share exactly: 2 steps (down from 3 only as far
+    # as keeps half a step to spare), then 1 once the exchange is at most half a step's share
+    assert auto.observe(1.088, 0.508, 1, server_cpu_s=2.006) == 2
+    assert auto.observe(1.130, 0.510, 1, server_cpu_s=2.006) == 1  # 2 ms of a 40 ms step
     poisoned = Adaptive(Overlapped(), most=8, smoothing=0.5)  # a running total gone infinite counts nothing
     poisoned.observe(1.0, 0.5, 1, server_cpu_s=1.0)
     for i, total in enumerate((float("inf"), float("inf"), float("nan")), 1):  # steps of 40 ms, exchanges of 4
@@ -252,3 +259,32 @@ def test_auto_counts_what_the_ps_tasks_report_in_an_exchanges_cpu_not_in_the_ste
     no_reports = Adaptive(Overlapped(), most=8, smoothing=1.0)
     no_reports.observe(1.0, 0.5, 1)
     assert no_reports.observe(1.044, 0.504, 1) == 1 and no_reports.server_cpu_s == 0.0
+
+
+def test_auto_does_not_flip_between_two_choices_on_a_measure_near_their_boundary():
+    """An exchange about one step's share (0.9, 1.1, 0.95, 1.05...): the rule alone flips between 1 and 2 steps per
+    exchange; with half a step to spare it stays at 2 once there."""
+    from tfdist.strategies._schedules import steps_with_hysteresis
+
+    shares = [1.1, 0.9, 1.05, 0.95, 1.2, 0.8, 0.7, 1.0]
+    alone = [steps_per_exchange(0.004 * r, 0.040, 0.1, 8) for r in shares]
+    assert alone == [2, 1, 2, 1, 2, 1, 1, 1]
+    kept, current = [], 1
+    for r in shares:
+        current = steps_with_hysteresis(0.004 * r, 0.040, 0.1, 8, current)
+        kept.append(current)
+    assert kept == [2] * len(shares)
+    assert steps_with_hysteresis(0.004 * 0.5, 0.040, 0.1, 8, 2) == 1  # half a step's share: down
+    assert steps_with_hysteresis(0.004 * 3.4, 0.040, 0.1, 8, 6) == 4  # 3.4 steps' share: from 6 to 4, not 5 or 6
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0, 1), st.floats(0, 1), st.integers(1, 8), st.integers(1, 8))
+def test_hysteresis_only_ever_keeps_more_steps_than_the_rule_never_more_than_it_had(exchange, step, most, current):
+    from tfdist.strategies._schedules import steps_with_hysteresis
+
+    current = min(current, most)
+    wanted = steps_per_exchange(exchange, step, 0.1, most)
+    got = steps_with_hysteresis(exchange, step, 0.1, most, current)
+    assert 1 <= got <= most and got >= wanted
+    assert got == wanted if wanted >= current else got <= current

@@ -56,6 +56,7 @@ UpdatePathRuntime = Any
 
 __all__ = [
     "AUTO_EXCHANGE_CPU_SHARE",
+    "AUTO_HYSTERESIS_STEPS",
     "AUTO_UPDATE_BOUND",
     "SINGLE_PROCESS_EXCHANGE_EVERY",
     "Adaptive",
@@ -68,6 +69,7 @@ __all__ = [
     "choose_schedule",
     "measured_keys",
     "steps_per_exchange",
+    "steps_with_hysteresis",
     "steps_within_bound",
 ]
 
@@ -139,9 +141,13 @@ class EveryK(Schedule):
         self.inner.exchange(rt, values, loss, steps)
 
 
-#: ``exchange_every: auto``: the share of its steps' CPU a worker's exchanges may take (the PS's work is not
-#: counted, nor gRPC's C threads: the worker sees only its own Python threads' CPU in the exchange).
+#: ``exchange_every: auto``: the share of its steps' CPU a worker's exchanges may take (the worker's own
+#: exchange CPU and what the PS tasks report serving it cost them; gRPC's C threads are not counted).
 AUTO_EXCHANGE_CPU_SHARE = 0.1
+#: ``exchange_every: auto`` keeps its steps per exchange until fewer would keep the exchange's CPU within its
+#: share with this many steps to spare: a measure near a boundary (an exchange at 1.1 steps' share one window,
+#: 0.9 the next) does not flip the schedule back and forth, and a flip to fewer steps costs every step after it.
+AUTO_HYSTERESIS_STEPS = 0.5
 
 
 def steps_per_exchange(exchange_cpu_s: float, step_cpu_s: float, share: float, most: int) -> int:
@@ -152,12 +158,39 @@ def steps_per_exchange(exchange_cpu_s: float, step_cpu_s: float, share: float, m
     >>> steps_per_exchange(0.004, 0.100, 0.1, 8)   # a step 25x the exchange: every step
     1
     """
-    if step_cpu_s <= 0:
-        return most
-    steps = exchange_cpu_s / (share * step_cpu_s)
-    if not math.isfinite(steps):  # a step's CPU too small to divide by (found by hypothesis)
+    steps = _steps_needed(exchange_cpu_s, step_cpu_s, share)
+    if steps is None:
         return most
     return max(1, min(most, math.ceil(steps - 1e-9)))
+
+
+def _steps_needed(exchange_cpu_s: float, step_cpu_s: float, share: float) -> float | None:
+    """``exchange / (share * step)``: the (fractional) steps whose CPU ``share`` covers one exchange; None when a
+    step's CPU is too small to divide by."""
+    per_step = share * step_cpu_s
+    if not per_step > 0:  # (a denormal step's CPU times the share is 0: found by hypothesis)
+        return None
+    steps = exchange_cpu_s / per_step
+    return steps if math.isfinite(steps) else None  # (found by hypothesis)
+
+
+def steps_with_hysteresis(exchange_cpu_s: float, step_cpu_s: float, share: float, most: int, current: int,
+                          spare: float = AUTO_HYSTERESIS_STEPS) -> int:
+    """:func:`steps_per_exchange`, but fewer steps than ``current`` only with ``spare`` steps to spare.
+
+    >>> steps_with_hysteresis(0.0045, 0.040, 0.1, 8, current=2)   # 1.1 steps' share: stays at 2
+    2
+    >>> steps_with_hysteresis(0.0055, 0.040, 0.1, 8, current=3)   # 1.4 steps' share: 3 -> 2, not 3
+    2
+    >>> steps_with_hysteresis(0.0020, 0.040, 0.1, 8, current=2)   # 0.5 steps' share: 1
+    1
+    """
+    wanted = steps_per_exchange(exchange_cpu_s, step_cpu_s, share, most)
+    if wanted >= current:
+        return wanted
+    steps = _steps_needed(exchange_cpu_s, step_cpu_s, share)
+    # step down only as far as keeps ``spare`` steps to spare: to k once steps <= k - spare
+    return max(wanted, min(current, math.ceil(steps + spare - 1e-9))) if steps is not None else wanted
 
 
 #: ``exchange_every: auto``: how large one exchange's update may be against the values it changes (the largest
@@ -176,8 +209,8 @@ def steps_within_bound(update_size: float, steps: int, bound: float) -> float:
 
     >>> steps_within_bound(0.002, 1, 0.01)   # a step moves the weights 0.2 %: 5 steps per exchange
     5.0
-    >>> steps_within_bound(0.03, 4, 0.01)    # 4 steps moved them 3 %: 1.33 steps
-    1.3333333333333333
+    >>> round(steps_within_bound(0.03, 4, 0.01), 4)    # 4 steps moved them 3 %: 1.33 steps
+    1.3333
     """
     if update_size <= 0:
         return math.inf
@@ -196,7 +229,10 @@ class Adaptive(Schedule):
     connections: on one host the PS tasks take the workers' cores; where
     they report nothing, only the worker's counts). Both are smoothed
     (exponentially, ``smoothing``) and ``every`` becomes
-    :func:`steps_per_exchange` of them, from 1 to ``most``. It starts at 1.
+    :func:`steps_per_exchange` of them, from 1 to ``most``; it goes down
+    only with :data:`AUTO_HYSTERESIS_STEPS` to spare
+    (:func:`steps_with_hysteresis`), so that a measure near a boundary does
+    not flip it. It starts at 1.
 
     The size of the update also bounds it: the session measures each
     update against the values it changes (``session.last_update_size``, the
@@ -226,6 +262,7 @@ class Adaptive(Schedule):
         #: Smoothed steps whose update stays within ``update_bound`` (None before the first measured update).
         self.steps_in_bound: float | None = None
         self._measured_specs = -1  # how many registered variables ``session.update_size_keys`` was built from
+        self._cpu_every = 1  # what the CPU rule chose last (before the update-size bound)
 
     def exchange(self, rt, values, loss, steps) -> None:
         session = rt.session
@@ -272,8 +309,10 @@ class Adaptive(Schedule):
             self.step_cpu_s = step if self.step_cpu_s is None else (1 - a) * self.step_cpu_s + a * step
         if self.exchange_cpu_s is None:
             return self.every
-        every = steps_per_exchange(self.exchange_cpu_s, self.step_cpu_s, self.share, self.most)
-        if self.steps_in_bound is not None:
+        self._cpu_every = steps_with_hysteresis(self.exchange_cpu_s, self.step_cpu_s, self.share, self.most,
+                                                self._cpu_every)
+        every = self._cpu_every
+        if self.steps_in_bound is not None:  # (the accuracy bound, without hysteresis)
             every = min(every, max(1, math.floor(self.steps_in_bound + 1e-9)))
         self.every = every
         return self.every
