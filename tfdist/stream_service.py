@@ -305,7 +305,7 @@ def _sweep_dead_regions() -> int:
             continue  # alive (or another user's process: not ours to judge)
         except ProcessLookupError:
             pass
-        except (PermissionError, OverflowError, OSError):
+        except (OverflowError, OSError):  # (PermissionError: another user's process, alive)
             continue
         try:
             st = entry.stat(follow_symlinks=False)

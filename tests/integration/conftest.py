@@ -46,6 +46,25 @@ def no_cluster(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture
+def send_and_drain():
+    """``send_and_drain(sock, frames)``: sends raw frames, ends the sending side and reads whatever the server
+    answers until it closes the connection (for tests that play a client that lies); a reset ends it too."""
+    import socket
+
+    def run(sock, frames):
+        try:
+            for frame in frames:
+                sock.sendall(frame)
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(1 << 16):  # replies, if any, until the server closes
+                pass
+        except OSError:
+            pass
+
+    return run
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/integration" in str(item.fspath):

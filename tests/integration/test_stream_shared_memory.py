@@ -426,7 +426,7 @@ _REGION = st.one_of(
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(region=_REGION, frames=st.lists(st.one_of(_FRAME, st.sampled_from([b"Push", b"PushPull", b"PushRows"])),
                                        min_size=1, max_size=3))
-def test_whatever_a_client_puts_in_its_region_and_frames_changes_nothing(ps_server, region, frames):
+def test_whatever_a_client_puts_in_its_region_and_frames_changes_nothing(ps_server, send_and_drain, region, frames):
     """An authenticated client with a region: any region contents the PS refuses (garbage, or pushes no
     variable takes) and any frames (mapped or not, any declared size; a bare method name stands for a mapped
     frame of exactly the region's contents): the task's values and version stay, and it serves the next client
@@ -441,15 +441,8 @@ def test_whatever_a_client_puts_in_its_region_and_frames_changes_nothing(ps_serv
     try:
         assert _attach(sock, name, nonce) == (b"TFDR", 0, b"")
         os.pwrite(fd, region, 0)  # (after the attach: the server checked the nonce, then the client rewrote it)
-        for frame in frames:
-            if frame in (b"Push", b"PushPull", b"PushRows"):
-                frame = REQUEST.pack(b"TFDM", len(frame), 5.0, len(region)) + frame
-            sock.sendall(frame)
-        sock.shutdown(socket.SHUT_WR)
-        while sock.recv(1 << 16):  # replies, if any, until the server closes
-            pass
-    except OSError:
-        pass
+        send_and_drain(sock, [REQUEST.pack(b"TFDM", len(f), 5.0, len(region)) + f
+                              if f in (b"Push", b"PushPull", b"PushRows") else f for f in frames])
     finally:
         sock.close()
         os.close(fd)

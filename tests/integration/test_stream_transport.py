@@ -246,7 +246,7 @@ _FRAME_PARTS = st.one_of(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parts=st.lists(_FRAME_PARTS, min_size=1, max_size=4))
-def test_any_bytes_after_a_valid_hello_change_nothing_and_the_server_goes_on(server, parts):
+def test_any_bytes_after_a_valid_hello_change_nothing_and_the_server_goes_on(server, send_and_drain, parts):
     """Whatever an authenticated caller sends (frames, garbage, lies about lengths), the task's values and
     version stay, and it serves the next client."""
     with PSClient([server.address], TOKEN, stream=False) as c:
@@ -257,13 +257,7 @@ def test_any_bytes_after_a_valid_hello_change_nothing_and_the_server_goes_on(ser
     assert status == 0
     sock.settimeout(2.0)
     try:
-        for part in parts:
-            sock.sendall(part)
-        sock.shutdown(socket.SHUT_WR)
-        while sock.recv(1 << 16):  # replies, if any, until the server closes
-            pass
-    except OSError:
-        pass
+        send_and_drain(sock, parts)
     finally:
         sock.close()
     _assert_same(before, _grpc_state(server))
